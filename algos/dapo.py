@@ -1,0 +1,258 @@
+"""DAPO mathematics as pure, vectorised functions (arXiv 2503.14476).
+
+Nothing here keeps state, does I/O or knows about Ray: every function maps arrays to arrays.
+Equation numbers refer to the DAPO paper, v1 (Yu et al., 2025).
+
+Group classification works on a regular ``(G, n)`` matrix: G groups (one task each) of n
+rollouts. Advantages work on flat ``(N,)`` rollouts with integer group ids, so that ragged
+batches (e.g. a trainer batch assembled from several rounds) need no padding.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Literal
+
+import numpy as np
+import torch
+
+Norm = Literal["std", "none"]
+
+
+class InvalidGroupError(ValueError):
+    """A group's rewards or shape cannot be used (NaN reward, wrong size, bad ids)."""
+
+
+class GroupReason(IntEnum):
+    """Why a group was kept or dropped by the dynamic-sampling filter (DAPO Eq. 11).
+
+    The integer codes are stable: they are stored in state dicts and batch files.
+    """
+
+    INFORMATIVE = 0
+    ALL_CORRECT = 1
+    ALL_WRONG = 2
+    ZERO_VARIANCE = 3
+    SINGLETON = 4
+    OUT_OF_BAND = 5
+    STALE = 6
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+def _check_finite(values: np.ndarray, what: str) -> None:
+    bad = ~np.isfinite(values)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InvalidGroupError(f"{what}: non-finite value {values[idx]!r} at index {idx}")
+
+
+def classify_groups(
+    values: np.ndarray,
+    *,
+    std_tol: float = 1e-6,
+    correct_threshold: float = 1.0,
+    wrong_threshold: float = 0.0,
+    band: tuple[float, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic-sampling filter: keep groups whose judged values are not all equal.
+
+    DAPO Eq. 11 constrains every kept prompt to ``0 < |{o_i : is_equivalent(a, o_i)}| < G``,
+    i.e. neither all rollouts correct nor all wrong. The reference implementation (verl's
+    ``DAPO`` ray trainer) keeps a group when ``np.std(metric) > 0``; we use the population
+    standard deviation (ddof=0) in float64 with a tolerance, so float noise around equal
+    rewards (e.g. ``0.1 + 0.2`` vs ``0.3``) cannot make a group look informative.
+
+    Judge the right value: pass the per-rollout accuracy rather than the shaped reward when
+    an overlong penalty (Eq. 13) is applied, or a constant-accuracy group with different
+    lengths would look informative.
+
+    Args:
+        values: (G, n) float. The judged value of each rollout (reward or a metric).
+        std_tol: a group whose population std is ``<= std_tol`` counts as all equal. >= 0.
+        correct_threshold: an all-equal group with values ``>= correct_threshold`` is
+            ``all_correct`` (DAPO rewards are +1 correct / -1 wrong, so 1.0).
+        wrong_threshold: an all-equal group with values ``<= wrong_threshold`` is
+            ``all_wrong``; other all-equal groups are ``zero_variance``.
+        band: optional ``(lo, hi)`` band-pass on the group mean for non-binary rewards: an
+            otherwise informative group is kept only if ``lo < mean < hi`` (open interval),
+            else ``out_of_band``.
+    Returns:
+        keep: (G,) bool. True exactly for ``informative`` groups.
+        reason: (G,) int8. A :class:`GroupReason` code per group.
+    Raises:
+        InvalidGroupError: ``values`` is not 2-D, is empty, or holds NaN/inf (names the index).
+        ValueError: ``std_tol < 0`` or ``band`` with ``lo >= hi``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or v.shape[0] == 0 or v.shape[1] == 0:
+        raise InvalidGroupError(f"values: expected a non-empty (G, n) matrix, got shape {v.shape}")
+    _check_finite(v, "values")
+    if std_tol < 0:
+        raise ValueError(f"std_tol must be >= 0, got {std_tol}")
+    if band is not None and not band[0] < band[1]:
+        raise ValueError(f"band must satisfy lo < hi, got {band}")
+
+    G, n = v.shape
+    mean = v.mean(axis=1)
+    std = v.std(axis=1, ddof=0)
+    equal = std <= std_tol
+    reason = np.full(G, GroupReason.INFORMATIVE, dtype=np.int8)
+    if band is not None:
+        reason[(mean <= band[0]) | (mean >= band[1])] = GroupReason.OUT_OF_BAND
+    reason[equal] = GroupReason.ZERO_VARIANCE
+    reason[equal & (v.min(axis=1) >= correct_threshold)] = GroupReason.ALL_CORRECT
+    reason[equal & (v.max(axis=1) <= wrong_threshold)] = GroupReason.ALL_WRONG
+    if n == 1:
+        reason[:] = GroupReason.SINGLETON
+    return reason == GroupReason.INFORMATIVE, reason
+
+
+def overlong_penalty(
+    response_lengths: np.ndarray,
+    *,
+    max_response_length: int,
+    cache_length: int,
+    penalty_factor: float = 1.0,
+) -> np.ndarray:
+    """Soft overlong punishment, DAPO Eq. 13.
+
+    With ``L_max = max_response_length`` and ``L_cache = cache_length``::
+
+        R_length(|y|) = 0                                   if |y| <= L_max - L_cache
+                      = ((L_max - L_cache) - |y|) / L_cache if L_max - L_cache < |y| <= L_max
+                      = -1                                  if L_max < |y|
+
+    The penalty is added to the rule-based reward; it is multiplied by ``penalty_factor``
+    (verl's ``overlong_penalty_factor``; the paper uses 1). The middle branch equals 0 at
+    its left end and -1 at ``|y| = L_max``, so the function is continuous.
+
+    Args:
+        response_lengths: (N,) int. Response length in tokens (EOS included).
+        max_response_length: L_max in tokens, > 0.
+        cache_length: L_cache in tokens, in (0, L_max] (the paper uses 4096 of 20480).
+        penalty_factor: scale of the penalty, >= 0.
+    Returns:
+        (N,) float64 in ``[-penalty_factor, 0]``.
+    Raises:
+        ValueError: ``cache_length`` not in (0, max_response_length], ``max_response_length``
+            <= 0, a negative factor, or a negative length.
+    """
+    if max_response_length <= 0:
+        raise ValueError(f"max_response_length must be > 0, got {max_response_length}")
+    if not 0 < cache_length <= max_response_length:
+        raise ValueError(
+            f"cache_length must be in (0, max_response_length={max_response_length}], got {cache_length}"
+        )
+    if penalty_factor < 0:
+        raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor}")
+    lengths = np.asarray(response_lengths, dtype=np.float64)
+    if (lengths < 0).any():
+        raise ValueError(f"response_lengths: negative length {lengths[lengths < 0][0]!r}")
+    start = max_response_length - cache_length
+    ramp = (start - lengths) / cache_length
+    penalty = np.where(lengths <= start, 0.0, np.where(lengths <= max_response_length, ramp, -1.0))
+    return penalty_factor * penalty
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    norm: Norm = "std",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-relative advantages, the GRPO baseline that DAPO keeps (DAPO Eq. 9).
+
+    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the unbiased std (ddof=1,
+    as ``torch.std`` in verl's ``compute_grpo_outcome_advantage``), or ``A_i = r_i - mean``
+    when ``norm="none"`` (Dr. GRPO's choice). Statistics are accumulated in float64 with
+    segment sums, so groups of equal rewards get exactly zero.
+
+    Args:
+        rewards: (N,) float. One scalar reward per rollout.
+        group_ids: (N,) int64 in [0, G). The group (task) of each rollout.
+        norm: ``"std"`` or ``"none"``.
+        eps: added to the std, > 0.
+    Returns:
+        (N,) float64. Zero for every member of a singleton or zero-variance group.
+    Raises:
+        InvalidGroupError: a reward is NaN or infinite (names its index), or shapes differ.
+        ValueError: unknown ``norm``.
+    """
+    if norm not in ("std", "none"):
+        raise ValueError(f"norm must be 'std' or 'none', got {norm!r}")
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+    g = torch.as_tensor(group_ids, dtype=torch.int64).reshape(-1)
+    if r.shape != g.shape:
+        raise InvalidGroupError(f"rewards has shape {tuple(r.shape)} but group_ids {tuple(g.shape)}")
+    bad = ~torch.isfinite(r)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise InvalidGroupError(f"rewards: non-finite value {float(r[i])!r} at index {i} (group {int(g[i])})")
+    if r.numel() == 0:
+        return r
+    _, inv = torch.unique(g, return_inverse=True)
+    num = int(inv.max()) + 1
+    count = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
+    total = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, r)
+    mean = total / count
+    centred = r - mean[inv]
+    sq = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, centred * centred)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    adv = centred if norm == "none" else centred / (std[inv] + eps)
+    return torch.where(count[inv] > 1, adv, torch.zeros_like(adv))
+
+
+def clip_higher_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip-higher PPO surrogate with token-level averaging (DAPO Eq. 10 and Sec. 3.1, 3.3).
+
+    Per token, with ``ratio = exp(logprobs - old_logprobs)``::
+
+        l = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
+
+    and, when ``dual_clip = c`` (Ye et al. 2020, verl's ``clip_ratio_c``, typically 3), for
+    ``A < 0`` only: ``l = min(l, -A * c)``. The loss is the mean over all response tokens of
+    the batch (token-level policy-gradient loss, DAPO Eq. 12), not a mean of per-sequence means.
+
+    Args:
+        logprobs, old_logprobs: (B, T) float. Per-token log-probabilities of the current and
+            the behaviour policy.
+        advantages: (B, T) float. Per-token advantages.
+        response_mask: (B, T) bool or {0,1}. 1 on response tokens.
+        eps_low, eps_high: clip range, ``0 <= eps_low < 1``, ``eps_high >= 0`` (paper: 0.2, 0.28).
+        dual_clip: lower bound c > 1 on the ratio's effect for negative advantages, or None.
+    Returns:
+        loss: () float. Token-mean loss.
+        clip_fraction: () float. Fraction of response tokens where the clip was active.
+    Raises:
+        ValueError: clip parameters out of range or shapes differ.
+    """
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
+    if len(shapes) != 1:
+        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+    mask = response_mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_active = (clipped > unclipped).to(logprobs.dtype)
+    if dual_clip is not None:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
+    denom = mask.sum().clamp(min=1.0)
+    return (loss * mask).sum() / denom, (clip_active * mask).sum() / denom
