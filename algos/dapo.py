@@ -202,7 +202,8 @@ def group_advantages(
     centred = r - mean[inv]
     sq = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, centred * centred)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    adv = centred if norm == "none" else centred / (std[inv] + eps)
+    denom = std + eps
+    adv = centred if norm == "none" else centred / torch.where(denom > 0, denom, 1.0)[inv]
     return torch.where(count[inv] > 1, adv, torch.zeros_like(adv))
 
 

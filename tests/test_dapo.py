@@ -1,0 +1,154 @@
+"""DAPO maths on small hand-computed inputs."""
+
+import numpy as np
+import pytest
+import torch
+
+from algos.dapo import (
+    GroupReason,
+    InvalidGroupError,
+    classify_groups,
+    clip_higher_policy_loss,
+    group_advantages,
+    overlong_penalty,
+)
+
+R = GroupReason
+
+
+def test_classify_binary_groups():
+    values = np.array([[1, 1, 1], [-1, -1, -1], [1, -1, 1], [0.5, 0.5, 0.5]])
+    keep, reason = classify_groups(values)
+    assert keep.tolist() == [False, False, True, False]
+    assert reason.tolist() == [R.ALL_CORRECT, R.ALL_WRONG, R.INFORMATIVE, R.ZERO_VARIANCE]
+
+
+def test_classify_float_noise_counts_as_equal():
+    # 0.1 + 0.2 != 0.3 in float64; verl's `std > 0` would call this group informative.
+    values = np.array([[0.1 + 0.2, 0.3, 0.3]])
+    assert np.std(values) > 0
+    keep, reason = classify_groups(values)
+    assert reason.tolist() == [R.ZERO_VARIANCE]
+    assert not keep[0]
+
+
+def test_classify_std_just_above_tolerance_is_informative():
+    # population std of [0, 2e-6] is 1e-6 exactly at the tolerance -> equal; 3e-6 -> 1.5e-6 > tol.
+    keep, reason = classify_groups(np.array([[0.5, 0.5 + 2e-6], [0.5, 0.5 + 3e-6]]), std_tol=1e-6)
+    assert reason.tolist() == [R.ZERO_VARIANCE, R.INFORMATIVE]
+
+
+def test_classify_singleton():
+    keep, reason = classify_groups(np.array([[1.0], [0.0]]))
+    assert reason.tolist() == [R.SINGLETON, R.SINGLETON]
+    assert not keep.any()
+
+
+def test_classify_band_pass_edges_are_open():
+    # means: 0.25, 0.5, 0.75 with band (0.25, 0.75): both edges excluded.
+    values = np.array([[0, 0, 0, 1], [0, 1, 0, 1], [1, 1, 1, 0]], dtype=float)
+    keep, reason = classify_groups(values, band=(0.25, 0.75))
+    assert reason.tolist() == [R.OUT_OF_BAND, R.INFORMATIVE, R.OUT_OF_BAND]
+
+
+def test_classify_rejects_nan_naming_index():
+    with pytest.raises(InvalidGroupError, match=r"nan.*\(1, 2\)"):
+        classify_groups(np.array([[1, 0, 1], [1, 0, np.nan]]))
+
+
+def test_classify_rejects_bad_band():
+    with pytest.raises(ValueError, match="band"):
+        classify_groups(np.ones((1, 2)), band=(0.5, 0.5))
+
+
+def test_overlong_penalty_interval_boundaries():
+    # L_max = 20, L_cache = 4: zero up to 16, ramp (16 - L)/4 on (16, 20], -1 beyond.
+    lengths = np.array([0, 16, 17, 18, 20, 21, 100])
+    got = overlong_penalty(lengths, max_response_length=20, cache_length=4)
+    assert got.tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]
+
+
+def test_overlong_penalty_factor_scales():
+    got = overlong_penalty(np.array([18]), max_response_length=20, cache_length=4, penalty_factor=0.5)
+    assert got.tolist() == [-0.25]
+
+
+def test_overlong_cache_equal_to_max_is_allowed():
+    got = overlong_penalty(np.array([0, 5, 10]), max_response_length=10, cache_length=10)
+    assert got.tolist() == [0.0, -0.5, -1.0]
+
+
+@pytest.mark.parametrize("cache", [0, -1, 11])
+def test_overlong_rejects_cache_outside_range(cache):
+    with pytest.raises(ValueError, match=r"cache_length must be in \(0, max_response_length=10\]"):
+        overlong_penalty(np.array([1]), max_response_length=10, cache_length=cache)
+
+
+def test_group_advantages_std_unbiased():
+    # group 0: [1, 0, 0, 1] mean 0.5, unbiased std sqrt(1/3) = 0.57735
+    # group 1: [2, 2] -> zero; group 2: [5] singleton -> zero
+    rewards = torch.tensor([1.0, 0.0, 2.0, 0.0, 1.0, 2.0, 5.0])
+    ids = torch.tensor([0, 0, 1, 0, 0, 1, 2])
+    adv = group_advantages(rewards, ids, eps=0.0)
+    a = 0.5 / np.sqrt(1 / 3)
+    np.testing.assert_allclose(adv.numpy(), [a, -a, 0, -a, a, 0, 0], rtol=1e-12)
+    assert adv.dtype == torch.float64
+
+
+def test_group_advantages_none_norm_centres_only():
+    adv = group_advantages(torch.tensor([3.0, 1.0, 2.0]), torch.tensor([7, 7, 7]), norm="none")
+    assert adv.tolist() == [1.0, -1.0, 0.0]
+
+
+def test_group_advantages_equal_rewards_exactly_zero():
+    adv = group_advantages(torch.tensor([0.1 + 0.2, 0.3, 0.3]), torch.tensor([0, 0, 0]))
+    # centred values are ~1e-17; the unbiased std ~3e-17 is dwarfed by eps=1e-6.
+    assert float(adv.abs().max()) < 1e-10
+
+
+def test_group_advantages_rejects_inf_naming_group():
+    with pytest.raises(InvalidGroupError, match=r"inf at index 1 \(group 4\)"):
+        group_advantages(torch.tensor([0.0, float("inf")]), torch.tensor([3, 4]))
+
+
+def test_group_advantages_rejects_unknown_norm():
+    with pytest.raises(ValueError, match="norm"):
+        group_advantages(torch.zeros(2), torch.zeros(2, dtype=torch.long), norm="mad")
+
+
+def _loss(ratio, adv, **kw):
+    lp = torch.log(torch.tensor([ratio], dtype=torch.float64))[None]
+    return clip_higher_policy_loss(lp, torch.zeros_like(lp), torch.tensor([[adv]], dtype=torch.float64), torch.ones_like(lp), **kw)
+
+
+def test_clip_higher_positive_advantage_clips_at_1_28():
+    loss, frac = _loss(1.5, 2.0)
+    assert float(loss) == pytest.approx(-2.0 * 1.28)
+    assert float(frac) == 1.0
+
+
+def test_clip_higher_inside_range_is_unclipped():
+    loss, frac = _loss(1.25, 2.0)  # 1.25 < 1.28: clip-higher lets it through, PPO's 1.2 would not
+    assert float(loss) == pytest.approx(-2.5)
+    assert float(frac) == 0.0
+
+
+def test_clip_low_negative_advantage():
+    loss, _ = _loss(0.5, -1.0)  # max(0.5, 0.8) = 0.8
+    assert float(loss) == pytest.approx(0.8)
+
+
+def test_dual_clip_bounds_negative_advantage():
+    loss, _ = _loss(5.0, -1.0, dual_clip=3.0)  # max(5, 1.28) = 5 -> min(5, 3) = 3
+    assert float(loss) == pytest.approx(3.0)
+    loss, _ = _loss(5.0, -1.0)
+    assert float(loss) == pytest.approx(5.0)
+
+
+def test_token_mean_weights_tokens_not_sequences():
+    # seq A: 3 tokens of loss -1 each (ratio 1, A=1); seq B: 1 token of loss -3 (A=3).
+    lp = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    loss, _ = clip_higher_policy_loss(lp, lp, adv, mask)
+    assert float(loss) == pytest.approx((-3 - 3) / 4)  # sequence-mean would give -2.0
