@@ -1,0 +1,265 @@
+"""The orchestrator Ray actor: a thin, long-running shell around :class:`OrchestratorCore`.
+
+It owns the state machine, the rollout source, the buffer sink, the metrics and a
+checkpoint file. It is an async actor: while ``next_batch`` waits for rollouts (run in a
+worker thread), stats, policy reads/changes and pause/resume are served concurrently.
+Core state is only touched on the actor's event loop, never from the rollout thread.
+
+Find it by name from any driver or Trinity component::
+
+    actor = ray.get_actor("dso-orchestrator", namespace="trinity-dso")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from orchestrator.core import OrchestratorCore, RoundPlan
+from orchestrator.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.types import Batch, Experience, Group
+
+DEFAULT_NAME = "dso-orchestrator"
+DEFAULT_NAMESPACE = "trinity-dso"
+
+log = logging.getLogger("trinity_dso.actor")
+
+
+class PolicyConflictError(ValueError):
+    """A policy write based on a stale revision (the REST layer maps it to 409)."""
+
+
+class Orchestrator:
+    """Actor body (also usable in-process). Wrap with :func:`orchestrator_actor` for Ray.
+
+    Args:
+        policy: the initial resampling policy (a model or a dict, validated).
+        task_set: object with ``task_ids: list[str]`` and ``get(task_id) -> Task``.
+        rollout_source: a :class:`orchestrator.rollout.RolloutSource`, or None when groups are
+            only submitted from outside (e.g. by Trinity's pipeline operator).
+        sink: optional object with ``write(batch)`` (e.g. :class:`orchestrator.sink.SQLiteSink`).
+        checkpoint_path: optional JSON file; state is saved after every change and loaded at
+            start when present, so a restarted actor resumes where it stopped.
+        metrics: optional object with ``update(stats)`` and ``observe_batch(batch)``.
+        seed: seeds the task order.
+    """
+
+    def __init__(
+        self,
+        policy: ResamplingPolicy | dict,
+        task_set: Any,
+        rollout_source: Any = None,
+        *,
+        sink: Any = None,
+        checkpoint_path: str | None = None,
+        metrics: Any = None,
+        seed: int = 0,
+    ):
+        policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
+        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
+        self.task_set = task_set
+        self.rollout_source = rollout_source
+        self.sink = sink
+        self.metrics = metrics
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.ready: list[Batch] = []
+        self._batch_started: float | None = None
+        if self.checkpoint_path and self.checkpoint_path.exists():
+            self.core.load_state_dict(json.loads(self.checkpoint_path.read_text()))
+            log.info("resumed from %s at batch %d", self.checkpoint_path, self.core.batch_id)
+        self._observe()
+
+    # ------------------------------------------------------------- internals
+    def _observe(self, batch: Batch | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.update(self.core.stats(), self.core.policy)
+            if batch is not None:
+                self.metrics.observe_batch(batch)
+
+    def _checkpoint(self) -> None:
+        if self.checkpoint_path is None:
+            return
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(self.core.state_dict()))
+        os.replace(tmp, self.checkpoint_path)
+
+    def _finish(self, batch: Batch) -> Batch:
+        batch.fill_seconds = time.monotonic() - self._batch_started if self._batch_started else 0.0
+        self._batch_started = None
+        if self.sink is not None:
+            self.sink.write(batch)
+        self._checkpoint()
+        self._observe(batch)
+        return batch
+
+    async def _run_round(self, plan: RoundPlan) -> None:
+        tasks = [self.task_set.get(t) for t in plan.task_ids]
+        tag = f"b{plan.batch_id}r{plan.round}"
+        version = self.core.model_version
+        groups = await asyncio.to_thread(
+            self.rollout_source.generate, tasks, self.core.policy.group_size, policy_version=version, batch_tag=tag
+        )
+        for g in groups:
+            g.purpose, g.round = plan.purpose, plan.round
+        self.core.submit(groups)
+        self._checkpoint()
+        self._observe()
+
+    # ------------------------------------------------------------- batches
+    async def next_batch(self, timeout_s: float | None = None) -> Batch | None:
+        """Fill and return the next batch, running rounds through the rollout source.
+
+        Returns None when ``timeout_s`` passes while replenishment is paused.
+        Raises:
+            ReplenishCapError: cap hit under ``on_cap='raise'`` (the open batch is kept).
+            RuntimeError: no rollout source is attached.
+        """
+        if self.ready:
+            return self.ready.pop(0)
+        if self.rollout_source is None:
+            raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
+        while True:
+            batch = self.core.try_emit()
+            if batch is not None:
+                return self._finish(batch)
+            if self.core.cap_reached():
+                return self._finish(self.core.close_at_cap())
+            if self.core.replenish_blocked():
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                await asyncio.sleep(0.05)
+                continue
+            await self._run_round(self.core.plan_round())
+
+    def submit_groups(self, groups: list[Group]) -> list[str]:
+        """Submit groups rolled out elsewhere; returns each group's filter label.
+
+        Full batches become available through :meth:`pop_batch`.
+        Raises:
+            InvalidGroupError, UnknownTaskError: nothing is accepted (see ``OrchestratorCore.validate``).
+        """
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
+        self.core.submit(groups)
+        while (batch := self.core.try_emit()) is not None:
+            self.ready.append(self._finish(batch))
+            self._batch_started = time.monotonic() if self.core.carry else None
+        self._checkpoint()
+        self._observe()
+        return [g.reason for g in groups]
+
+    def submit_experiences(self, experiences: list[Experience], policy_version: int = 0) -> list[str]:
+        """Group experiences by ``eid.task`` (run order kept) and submit them as groups."""
+        by_task: dict[str, list[Experience]] = defaultdict(list)
+        for e in experiences:
+            by_task[e.eid.task].append(e)
+        groups = [
+            Group(task_id=t, rollouts=sorted(rs, key=lambda e: e.eid.run), policy_version=policy_version)
+            for t, rs in by_task.items()
+        ]
+        return self.submit_groups(groups)
+
+    def pop_batch(self) -> Batch | None:
+        """A completed batch if one is ready (never blocks, never rolls out)."""
+        return self.ready.pop(0) if self.ready else None
+
+    def close_batch(self) -> Batch | None:
+        """Close the open batch now as the cap would (pad / partial / raise), for external drivers."""
+        batch = self.core.close_at_cap()
+        return self._finish(batch)
+
+    def plan_round(self) -> RoundPlan:
+        """Plan the next round for an external explorer (e.g. Trinity's task selector)."""
+        plan = self.core.plan_round()
+        self._checkpoint()
+        return plan
+
+    def select_tasks(self, count: int) -> list[str]:
+        tasks = self.core.select_tasks(count)
+        self._checkpoint()
+        return tasks
+
+    # ------------------------------------------------------------- policy & views
+    def get_policy(self) -> dict:
+        """``{"revision": int, "policy": dict}``."""
+        return {"revision": self.core.policy_revision, "policy": self.core.policy.model_dump(mode="json")}
+
+    def set_policy(self, changes: dict, expected_revision: int | None = None, replace: bool = False) -> dict:
+        """Change the resampling policy; applies from the next round.
+
+        Args:
+            changes: fields to change (``replace=False``, nested ``filter`` merged) or a full policy.
+            expected_revision: when given and different from the current revision, refuse.
+        Raises:
+            PolicyConflictError: stale ``expected_revision``.
+            InvalidPolicyError: invalid values (field and value named); the policy is unchanged.
+        """
+        if expected_revision is not None and expected_revision != self.core.policy_revision:
+            raise PolicyConflictError(
+                f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
+            )
+        new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
+        try:
+            self.core.set_policy(new)
+        except ValueError as err:
+            raise InvalidPolicyError(str(err)) from None
+        log.info("policy revision %d: %s", self.core.policy_revision, changes)
+        self._checkpoint()
+        self._observe()
+        return self.get_policy()
+
+    def pause_replenish(self) -> dict:
+        return self.set_policy({"replenish_paused": True})
+
+    def resume_replenish(self) -> dict:
+        return self.set_policy({"replenish_paused": False})
+
+    def set_model_version(self, version: int) -> None:
+        self.core.set_model_version(version)
+        self._checkpoint()
+
+    def get_stats(self) -> dict:
+        return self.core.stats()
+
+    def task_history(self, task_id: str) -> dict:
+        return self.core.task_stats(task_id)
+
+    def state_dict(self) -> dict:
+        return self.core.state_dict()
+
+    def ping(self) -> str:
+        return "ok"
+
+
+OrchestratorActor = ray.remote(num_cpus=0, max_restarts=0)(Orchestrator)
+
+
+def get_or_create_orchestrator(
+    *args: Any,
+    name: str = DEFAULT_NAME,
+    namespace: str = DEFAULT_NAMESPACE,
+    detached: bool = False,
+    **kwargs: Any,
+) -> ray.actor.ActorHandle:
+    """The named orchestrator actor, created with ``Orchestrator(*args, **kwargs)`` if absent.
+
+    Args:
+        name, namespace: how other components find it (``ray.get_actor(name, namespace=...)``).
+        detached: outlive the driver (``lifetime="detached"``), for long-running services.
+    """
+    options: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
+    if detached:
+        options["lifetime"] = "detached"
+    return OrchestratorActor.options(**options).remote(*args, **kwargs)

@@ -1,0 +1,78 @@
+"""A deterministic rollout source for tests, dry runs and load tests: no model involved.
+
+Rewards come from a script per task, so keep/drop decisions are known in advance.
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Sequence
+
+from orchestrator.tasks import Task
+from orchestrator.types import Experience, ExperienceId, Group
+
+
+class ScriptedTasks:
+    """A task set of bare ids (tasks without prompts), with the ``task_ids`` / ``get`` interface."""
+
+    def __init__(self, task_ids: Sequence[str]):
+        self.task_ids = list(task_ids)
+        self._known = set(self.task_ids)
+
+    def __len__(self) -> int:
+        return len(self.task_ids)
+
+    def get(self, task_id: str) -> Task:
+        if task_id not in self._known:
+            raise KeyError(f"task_id: unknown task {task_id!r}")
+        return Task(task_id=task_id, prompt=[], answer="")
+
+
+class ScriptedRolloutSource:
+    """Rolls out tasks by script: rewards per task, cycling through a list of reward vectors.
+
+    Args:
+        script: task id -> list of reward vectors (one per call for that task, cycling), each
+            of length n. A task missing from the script gets ``default``.
+        default: reward vector for unscripted tasks (must have length n when used).
+    The metric ``accuracy`` is 1.0 where the reward is > 0, else 0.0; ``response_length`` is
+    the run index + 1 (tokens), so tests can check it travels through.
+    """
+
+    def __init__(self, script: dict[str, list[list[float]]] | None = None, default: list[float] | None = None):
+        self.script = script or {}
+        self.default = default
+        self.calls: dict[str, int] = {}
+        self._ids = count()
+
+    def rewards_for(self, task_id: str) -> list[float]:
+        k = self.calls.get(task_id, 0)
+        self.calls[task_id] = k + 1
+        vectors = self.script.get(task_id)
+        if not vectors:
+            if self.default is None:
+                raise KeyError(f"task_id: no script for task {task_id!r} and no default")
+            return list(self.default)
+        return list(vectors[k % len(vectors)])
+
+    def generate(self, tasks: list[Task], n: int, *, policy_version: int = 0, batch_tag: str = "") -> list[Group]:
+        groups = []
+        for task in tasks:
+            rewards = self.rewards_for(task.task_id)
+            if len(rewards) != n:
+                raise ValueError(f"script for task {task.task_id!r} has {len(rewards)} rewards, expected n={n}")
+            rollouts = [
+                Experience(
+                    eid=ExperienceId(task=task.task_id, run=run, batch=batch_tag),
+                    tokens=[1, 2, 3] + [4] * (run + 1),
+                    prompt_length=3,
+                    logprobs=[-0.5] * (run + 1),
+                    reward=float(r),
+                    response_text=f"scripted #{next(self._ids)}",
+                    info={"policy_version": policy_version},
+                    metrics={"accuracy": float(r > 0), "response_length": float(run + 1)},
+                )
+                for run, r in enumerate(rewards)
+            ]
+            groups.append(Group(task_id=task.task_id, rollouts=rollouts, policy_version=policy_version))
+        return groups
