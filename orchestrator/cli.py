@@ -2,15 +2,113 @@
 
 from __future__ import annotations
 
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 app = typer.Typer(help="trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO.", no_args_is_help=True)
+console = Console()
+
+
+@app.callback()
+def main() -> None:
+    """trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO."""
+
+
+class Algo(str, Enum):
+    dapo = "dapo"
+    gigpo = "gigpo"
+
+
+class Backend(str, Enum):
+    vllm = "vllm"
+    scripted = "scripted"
+    random = "random"
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def dapo_table(summary: dict) -> Table:
+    """The demo's summary table (the same numbers as demo.json)."""
+    s = summary["stats"]
+    t = Table(title=f"trinity-dso DAPO demo ({summary['backend']}, {summary['wall_seconds']} s)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("batches emitted", s["batches_emitted"]),
+        ("groups kept (informative, emitted)", s["groups_emitted"]),
+        ("groups carried over", s["groups_carried"]),
+        ("groups used as padding", s["groups_padded"]),
+        *[(f"groups dropped: {r}", v) for r, v in s["dropped_by_reason"].items() if v],
+        *[(f"groups classified: {r}", v) for r, v in s["classified_by_reason"].items() if v],
+        ("rollouts generated: initial", s["rollouts_initial"]),
+        ("rollouts generated: replenish", s["rollouts_replenish"]),
+        ("rollouts wasted", s["rollouts_wasted"]),
+        ("rollouts per emitted informative group", s["rollouts_per_emitted_group"]),
+        ("keep rate (informative / classified)", s["keep_ratio"]),
+        ("replenish rounds per batch", ", ".join(map(str, s["rounds_per_batch"]))),
+        ("cap hits", s["cap_hits"]),
+        ("mean reward: all groups", s["mean_reward_all"]),
+        ("mean reward: kept groups", s["mean_reward_kept"]),
+    ]
+    for name, value in rows:
+        t.add_row(name, _fmt(value))
+    return t
+
+
+def gigpo_table(summary: dict) -> Table:
+    t = Table(title="trinity-dso GiGPO demo")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    for key, value in summary.items():
+        if not isinstance(value, (dict, list)):
+            t.add_row(key.replace("_", " "), _fmt(value))
+    return t
 
 
 @app.command()
-def demo() -> None:
-    """Run the main job on embedded defaults (placeholder, being written)."""
-    raise typer.Exit(1)
+def demo(
+    algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: FrozenLake agent."),
+    backend: Optional[Backend] = typer.Option(None, help="vllm (default) or scripted (DAPO) / random (GiGPO): no model."),
+    batches: int = typer.Option(4, min=1, help="DAPO: train batches to emit."),
+    redis_url: Optional[str] = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
+    out: Path = typer.Option(Path("runs/demo"), help="Output directory (buffer, state and summary JSON)."),
+) -> None:
+    """Run the main job on embedded defaults and print its summary table."""
+    if algo is Algo.gigpo:
+        from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+
+        cfg = GiGPOJobConfig(**{k: v for k, v in {"redis_url": redis_url, "out_dir": out,
+                                                     "policy": backend.value if backend else None}.items() if v is not None})
+        with console.status("GiGPO rollouts and advantages..."):
+            summary = run_gigpo_job(cfg)
+        console.print(gigpo_table(summary))
+        console.print(f"summary written to {out / 'gigpo.json'}")
+        return
+
+    from orchestrator.demo import DemoConfig, run_dapo_demo
+
+    cfg = DemoConfig(batches=batches, out_dir=out, backend=(backend or Backend.vllm).value)
+    with Progress(TextColumn("[bold]batches"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console) as bar:
+        task = bar.add_task("starting (model conversion and engine start-up)", total=cfg.batches)
+
+        def on_batch(i: int, stats: dict) -> None:
+            bar.update(task, completed=i + 1, description=f"kept {stats['groups_emitted']}, dropped {stats['groups_dropped']}, "
+                                                          f"rollouts {stats['rollouts_total']}")
+
+        summary = run_dapo_demo(cfg, progress=on_batch)
+    console.print(dapo_table(summary))
+    console.print(f"summary written to {out / 'demo.json'}; batches in {summary['buffer']}")
 
 
 try:  # the service commands (serve, policy, status) live in their own module

