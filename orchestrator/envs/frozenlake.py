@@ -1,0 +1,305 @@
+"""FrozenLake as a multi-turn text environment for GiGPO rollouts.
+
+Each task is one gymnasium ``FrozenLake-v1`` map (non-slippery 4x4 by default, from
+``generate_random_map``; seeds that give an already seen map are skipped, since different
+seeds can give the same map). A trajectory is up to ``max_steps`` turns: the model sees the
+grid as plain text (drawn here; the ``ansi`` render carries colour escapes) and answers one
+action word. Rewards are gymnasium's: 1 on reaching G, else 0; a hole ends the episode.
+
+The anchor state of a step is :func:`state_hash` of the state it acted from: sha1 of the
+map and the agent's cell only - never the rendered prompt, turn counter or history - so all
+n trajectories of a task share their first state (one anchor group of size n), and any
+revisit of a cell, by any trajectory of the task, lands in the same group.
+
+:func:`run_episodes` steps all trajectories of all tasks in lockstep and calls the policy
+once per turn for every live trajectory: ``act(prompts, choices) -> list[dict]`` where each
+dict has ``text``, ``token_ids``, ``prompt_token_ids`` and ``logprobs`` (the shape of
+``VLLMEngine.chat_choice`` in :mod:`orchestrator.rollout`; :func:`engine_act` adapts the Ray
+actor, :func:`random_act` is a seeded random policy for tests and fast demos).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from orchestrator.tasks import Task
+from orchestrator.types import Experience, ExperienceId
+
+ACTIONS: tuple[str, ...] = ("left", "down", "right", "up")
+"""Action words in gymnasium's FrozenLake action order (0 left, 1 down, 2 right, 3 up)."""
+
+KIND = "frozenlake"
+
+SYSTEM_PROMPT = (
+    "FrozenLake. P is you, F is ice, H is a hole, G is the goal. "
+    "Reach G without stepping on H. Answer with one word: left, down, right or up."
+)
+
+Act = Callable[[list[list[dict[str, str]]], list[str]], list[dict[str, Any]]]
+
+
+class EnvError(ValueError):
+    """Bad environment input: a task without a map, a policy answer of the wrong shape."""
+
+
+def state_hash(desc: Sequence[str], row: int, col: int) -> str:
+    """Canonical ``env_state_hash`` of an agent at (row, col) on map ``desc``.
+
+    sha1 (hex) of the map rows joined by newlines plus ``@row,col``; independent of turn
+    number, history and prompt wording.
+    """
+    return hashlib.sha1(("\n".join(desc) + f"\n@{row},{col}").encode()).hexdigest()
+
+
+def render_grid(desc: Sequence[str], row: int, col: int) -> str:
+    """The map as space-separated letters, the agent's cell shown as ``P``.
+
+    Example (agent on the start cell)::
+
+        P F F F
+        F H F H
+        F F F H
+        H F F G
+    """
+    lines = []
+    for r, line in enumerate(desc):
+        cells = ["P" if (r, c) == (row, col) else ch for c, ch in enumerate(line)]
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def make_prompt(desc: Sequence[str], row: int, col: int) -> list[dict[str, str]]:
+    """The chat messages for one turn: short system rules and the current grid."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": render_grid(desc, row, col) + "\nYour move?"},
+    ]
+
+
+def make_tasks(num_tasks: int, *, size: int = 4, p: float = 0.8, seed: int = 0, is_slippery: bool = False) -> list[Task]:
+    """``num_tasks`` distinct random FrozenLake maps as :class:`Task` objects.
+
+    Maps come from ``gymnasium.envs.toy_text.frozen_lake.generate_random_map(size, p,
+    seed=seed + k)`` for k = 0, 1, ...; a map equal to an earlier one is skipped.
+
+    Args:
+        num_tasks: >= 1.
+        size: grid side, >= 2.
+        p: probability that a cell is frozen (gymnasium's parameter), in (0, 1].
+        seed: first map seed.
+        is_slippery: gymnasium's slippery dynamics (default off).
+    Returns:
+        Tasks with ``kind="frozenlake"``, ``task_id="frozenlake{size}-<sha1[:10] of map>"``,
+        ``prompt`` = the first turn's messages, ``answer=""`` and ``meta`` = ``{"desc":
+        list of row strings, "size", "is_slippery", "map_seed"}``.
+    Raises:
+        ValueError: bad arguments, or fewer distinct maps than asked within
+            ``100 * num_tasks + 1000`` seeds.
+    """
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    if num_tasks < 1:
+        raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+    if size < 2:
+        raise ValueError(f"size must be >= 2, got {size}")
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    tasks: list[Task] = []
+    seen: set[tuple[str, ...]] = set()
+    for k in range(100 * num_tasks + 1000):
+        desc = [str(row) for row in generate_random_map(size=size, p=p, seed=seed + k)]
+        key = tuple(desc)
+        if key in seen:
+            continue
+        seen.add(key)
+        digest = hashlib.sha1("\n".join(desc).encode()).hexdigest()[:10]
+        tasks.append(
+            Task(
+                task_id=f"{KIND}{size}-{digest}",
+                prompt=make_prompt(desc, 0, 0),
+                answer="",
+                kind=KIND,
+                meta={"desc": desc, "size": size, "is_slippery": is_slippery, "map_seed": seed + k},
+            )
+        )
+        if len(tasks) == num_tasks:
+            return tasks
+    raise ValueError(f"only {len(tasks)} distinct {size}x{size} maps (p={p}) found, asked for {num_tasks}")
+
+
+def random_act(seed: int = 0, *, invalid_prob: float = 0.0) -> Act:
+    """A seeded uniform-random policy with the ``act`` signature of :func:`run_episodes`.
+
+    Returns each choice with probability ``(1 - invalid_prob) / len(choices)``, and the
+    invalid word ``"jump"`` with ``invalid_prob``. ``token_ids`` is the choice's index
+    (``[len(choices)]`` for the invalid word), ``prompt_token_ids`` is empty, ``logprobs``
+    the log-probability of the draw.
+    """
+    if not 0 <= invalid_prob < 1:
+        raise ValueError(f"invalid_prob must be in [0, 1), got {invalid_prob}")
+    rng = np.random.default_rng(seed)
+
+    def act(prompts: list[list[dict[str, str]]], choices: list[str]) -> list[dict[str, Any]]:
+        k = len(choices)
+        picks = rng.integers(0, k, size=len(prompts))
+        invalid = rng.random(len(prompts)) < invalid_prob
+        lp = math.log((1 - invalid_prob) / k)
+        out = []
+        for i in range(len(prompts)):
+            if invalid[i]:
+                out.append({"text": "jump", "token_ids": [k], "prompt_token_ids": [], "logprobs": [math.log(invalid_prob)]})
+            else:
+                out.append({"text": choices[picks[i]], "token_ids": [int(picks[i])], "prompt_token_ids": [], "logprobs": [lp]})
+        return out
+
+    return act
+
+
+def engine_act(engine: Any, *, temperature: float = 1.0, seed: int | None = 0, timeout_s: float = 600.0) -> Act:
+    """Adapt a ``VLLMRolloutEngine`` Ray actor's ``chat_choice`` to the ``act`` signature.
+
+    Call ``k`` (0, 1, ...) passes ``seed + k * 1_000_003`` so turns draw different samples
+    (the engine adds the prompt index). ``engine`` may also be a plain object with a
+    ``chat_choice`` method (called directly).
+    """
+    import ray
+
+    calls = [0]
+
+    def act(prompts: list[list[dict[str, str]]], choices: list[str]) -> list[dict[str, Any]]:
+        s = None if seed is None else seed + calls[0] * 1_000_003
+        calls[0] += 1
+        method = engine.chat_choice
+        if hasattr(method, "remote"):
+            return ray.get(method.remote(prompts, list(choices), temperature, s), timeout=timeout_s)
+        return method(prompts, list(choices), temperature, s)
+
+    return act
+
+
+def run_episodes(
+    tasks: Sequence[Task],
+    n: int,
+    act: Act,
+    *,
+    max_steps: int = 12,
+    batch: str = "",
+    policy_version: int = 0,
+    choices: Sequence[str] = ACTIONS,
+) -> list[Experience]:
+    """Roll out ``n`` trajectories of every task in lockstep; one Experience per step.
+
+    Each turn, every live trajectory gets :func:`make_prompt` of its current state and the
+    policy is called once for all of them. The answer (stripped, lower-cased) must be one of
+    ``choices`` (in gymnasium's action order); anything else is an invalid action: the
+    agent stays, reward 0, ``info["invalid_action"] = True``. A trajectory ends on the goal
+    (reward 1), in a hole, or after ``max_steps`` turns.
+
+    Args:
+        tasks: FrozenLake tasks from :func:`make_tasks` (``meta["desc"]`` required).
+        n: trajectories per task, >= 1.
+        act: the policy, ``act(prompts, choices) -> list[dict]`` with one dict per prompt
+            holding ``text``, ``token_ids``, ``prompt_token_ids``, ``logprobs``.
+        max_steps: turn limit per trajectory, >= 1.
+        batch: stored in ``eid.batch``.
+        policy_version: stored in ``info["policy_version"]``.
+        choices: the action words, one per gymnasium action (4).
+    Returns:
+        Experiences ordered by (task order, run, step) with ``eid.task/run/step/batch``,
+        ``tokens = prompt_token_ids + token_ids``, ``prompt_length``, ``logprobs``,
+        ``reward`` (step reward), ``response_text``; ``info``: ``env_state_hash`` (of the
+        state *before* the action), ``invalid_action``, ``action`` (word or None),
+        ``state_text`` (the grid), ``last`` (final step of its trajectory), ``terminated``,
+        ``truncated``, ``policy_version``; ``metrics``: ``success`` (1.0 when the trajectory
+        reached the goal, on every step of it), ``invalid_action`` (0/1).
+    Raises:
+        EnvError: a task without ``meta["desc"]``, duplicate task ids, or a policy answer
+            list of the wrong length or without ``text``.
+        ValueError: ``n < 1``, ``max_steps < 1`` or not 4 choices.
+    """
+    from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if len(choices) != 4 or len(set(choices)) != 4:
+        raise ValueError(f"choices must be 4 distinct action words (left, down, right, up order), got {choices!r}")
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise EnvError(f"task ids must be distinct, got {ids!r}")
+    words = [c.lower() for c in choices]
+
+    envs, descs, pos, trajs = [], [], [], []
+    for t in tasks:
+        desc = t.meta.get("desc")
+        if not desc:
+            raise EnvError(f"task {t.task_id!r}: meta['desc'] (the FrozenLake map) is missing")
+        for run in range(n):
+            env = FrozenLakeEnv(desc=list(desc), is_slippery=bool(t.meta.get("is_slippery", False)))
+            obs, _ = env.reset(seed=run)
+            envs.append(env)
+            descs.append(list(desc))
+            pos.append(int(obs))
+            trajs.append((t.task_id, run, []))
+    size = [len(d[0]) for d in descs]
+    live = list(range(len(envs)))
+    for turn in range(max_steps):
+        if not live:
+            break
+        states = [divmod(pos[i], size[i]) for i in live]
+        prompts = [make_prompt(descs[i], r, c) for i, (r, c) in zip(live, states, strict=True)]
+        answers = act(prompts, list(choices))
+        if not isinstance(answers, list) or len(answers) != len(live):
+            got = len(answers) if isinstance(answers, list) else type(answers).__name__
+            raise EnvError(f"act returned {got} answers for {len(live)} prompts (turn {turn})")
+        still = []
+        for i, (r, c), ans in zip(live, states, answers, strict=True):
+            if not isinstance(ans, dict) or "text" not in ans:
+                raise EnvError(f"act answer for task {trajs[i][0]!r} run {trajs[i][1]} turn {turn} has no 'text': {ans!r}")
+            word = str(ans["text"]).strip().lower()
+            invalid = word not in words
+            reward, terminated = 0.0, False
+            if not invalid:
+                obs, rew, terminated, _, _ = envs[i].step(words.index(word))
+                pos[i], reward = int(obs), float(rew)
+            truncated = not terminated and turn + 1 >= max_steps
+            last = terminated or truncated
+            prompt_ids = [int(x) for x in ans.get("prompt_token_ids") or []]
+            token_ids = [int(x) for x in ans.get("token_ids") or []]
+            trajs[i][2].append(
+                Experience(
+                    eid=ExperienceId(task=trajs[i][0], run=trajs[i][1], step=turn, batch=batch),
+                    tokens=prompt_ids + token_ids,
+                    prompt_length=len(prompt_ids),
+                    logprobs=[float(x) for x in ans.get("logprobs") or []],
+                    reward=reward,
+                    response_text=str(ans["text"]),
+                    info={
+                        "env_state_hash": state_hash(descs[i], r, c),
+                        "invalid_action": invalid,
+                        "action": None if invalid else word,
+                        "state_text": render_grid(descs[i], r, c),
+                        "last": last,
+                        "terminated": bool(terminated),
+                        "truncated": bool(truncated),
+                        "policy_version": policy_version,
+                    },
+                    metrics={"invalid_action": float(invalid)},
+                )
+            )
+            if not last:
+                still.append(i)
+        live = still
+    out: list[Experience] = []
+    for _, _, steps in trajs:
+        success = float(steps[-1].reward > 0 and steps[-1].info["terminated"])
+        for e in steps:
+            e.metrics["success"] = success
+        out.extend(steps)
+    return out
