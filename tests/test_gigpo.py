@@ -352,3 +352,35 @@ def test_unknown_norm_is_refused():
 def test_config_defaults_are_the_papers():
     c = GiGPOConfig()
     assert (c.gamma, c.omega, c.norm, c.eps, c.episode_weighting) == (0.95, 1.0, "std", 1e-6, "trajectory")
+
+
+# --------------------------------------------------------------------------- end-to-end job
+
+
+def test_job_with_memory_index_matches_pure_function():
+    from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+
+    r = run_gigpo_job(GiGPOJobConfig(tasks=4, n=4, max_steps=6, workers=2, seed=3), return_experiences=True)
+    assert (r["backend"], r["tasks"], r["trajectories"]) == ("memory", 4, 16)
+    assert r["steps"] == len(r["experiences"]) and r["max_abs_diff_vs_pure"] <= 1e-9
+    assert 0.0 <= r["anchor_group_fraction"] <= 1.0 and set(r["timings"]) >= {"rollout_s", "advantage_s", "total_s"}
+
+
+def test_job_with_redis_index_and_three_workers(redis_url, redis_namespace):
+    from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+
+    r = run_gigpo_job(
+        GiGPOJobConfig(tasks=6, n=4, max_steps=8, workers=3, seed=1, redis_url=redis_url, prefix=redis_namespace, invalid_prob=0.1)
+    )
+    assert r["backend"] == "redis" and r["max_abs_diff_vs_pure"] <= 1e-9
+    # every task's first state is one anchor group of size >= n, so the fraction is positive
+    assert r["anchor_group_fraction"] > 0
+
+
+def test_job_config_refuses_one_worker_and_engine_without_policy():
+    from orchestrator.gigpo_job import GiGPOJobConfig, GiGPOJobError, run_gigpo_job
+
+    with pytest.raises(ValidationError, match="workers"):
+        GiGPOJobConfig(workers=1)
+    with pytest.raises(GiGPOJobError, match="policy='engine' needs an act callable"):
+        run_gigpo_job(GiGPOJobConfig(policy="engine"))

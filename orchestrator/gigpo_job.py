@@ -1,0 +1,306 @@
+"""One GiGPO batch end to end: FrozenLake rollouts, anchor index, parallel advantage workers.
+
+:func:`run_gigpo_job` is what ``trinity-dso demo --algo gigpo`` calls. It
+
+1. draws ``tasks`` distinct FrozenLake maps and rolls out ``n`` trajectories of each in
+   lockstep (:func:`orchestrator.envs.frozenlake.run_episodes`) with a seeded random policy
+   or an ``act`` callable (e.g. :func:`orchestrator.envs.frozenlake.engine_act` over the vLLM
+   engine actor);
+2. computes step returns (GiGPO Eq. 5) and episode advantages (Eq. 3) in the coordinator
+   (cheap, one pass of :mod:`algos.gigpo`);
+3. fills the anchor index - :class:`~orchestrator.anchor_index.RedisAnchorIndex` when
+   ``redis_url`` is set, where ``workers`` processes insert trajectory-interleaved shards
+   concurrently, else :class:`~orchestrator.anchor_index.MemoryAnchorIndex` filled by the
+   coordinator and shipped to the workers as a snapshot;
+4. has ``workers`` processes (``spawn``) query the index for the step advantages (Eq. 7) of
+   their share of the tasks, and combines ``A = A^E + omega * A^S`` (Eq. 8);
+5. checks the result against the pure function on the whole batch and returns a summary.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
+from orchestrator.anchor_index import AnchorIndex, AnchorStep, make_anchor_index
+from orchestrator.envs.frozenlake import (
+    Act,
+    engine_act,
+    make_tasks,
+    random_act,
+    run_episodes,
+)
+from orchestrator.types import Experience
+
+__all__ = ["GiGPOJobConfig", "GiGPOJobError", "run_gigpo_job", "steps_for_index"]
+
+
+class GiGPOJobError(RuntimeError):
+    """The job cannot run as configured (no policy for ``policy="engine"``) or its
+    distributed result disagrees with the single-process computation."""
+
+
+class GiGPOJobConfig(BaseModel):
+    """Settings of one GiGPO demo batch.
+
+    Attributes:
+        tasks: number of distinct FrozenLake maps (tasks), >= 1.
+        n: trajectories per task (group size), >= 1. verl-agent's FrozenLake-like runs use 8.
+        max_steps: turn limit per trajectory, >= 1.
+        map_size: FrozenLake grid side, >= 2 (4 = gymnasium's 4x4).
+        redis_url: ``redis://host:port/db`` for a :class:`RedisAnchorIndex`; None for the
+            in-process memory index.
+        prefix: Redis key namespace (e.g. ``dso:<run name>``).
+        batch_key: anchor-index batch key; None draws ``gigpo-<seed>-<random>``.
+        ttl_s: Redis key lifetime after the last write, seconds, > 0.
+        keep_batch: leave the batch in the index after the job (default: dropped).
+        workers: advantage worker processes, >= 2.
+        seed: map seed and random-policy seed.
+        policy: ``"random"`` (seeded uniform policy, fast) or ``"engine"`` (needs ``act`` or
+            ``engine`` passed to :func:`run_gigpo_job`).
+        temperature: sampling temperature for ``policy="engine"`` with an engine actor.
+        invalid_prob: probability that the random policy answers an invalid word, [0, 1).
+        check_tol: maximum allowed |distributed - single-process| advantage difference.
+        gigpo: advantage settings (paper defaults).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(8, ge=1)
+    n: int = Field(8, ge=1)
+    max_steps: int = Field(12, ge=1)
+    map_size: int = Field(4, ge=2)
+    redis_url: str | None = None
+    prefix: str = "dso:gigpo"
+    batch_key: str | None = None
+    ttl_s: float = Field(3600.0, gt=0)
+    keep_batch: bool = False
+    workers: int = Field(2, ge=2)
+    seed: int = 0
+    policy: Literal["random", "engine"] = "random"
+    temperature: float = Field(1.0, ge=0)
+    invalid_prob: float = Field(0.0, ge=0, lt=1)
+    check_tol: float = Field(1e-9, gt=0)
+    gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
+
+
+def steps_for_index(exps: list[Experience], returns: np.ndarray) -> list[AnchorStep]:
+    """One :class:`AnchorStep` per experience (``returns`` aligned with ``exps``).
+
+    ``last`` is ``info["last"]`` when present, else derived as the largest step of the
+    (task, run) within ``exps``.
+    """
+    last_step: dict[tuple[str, int], int] = {}
+    for e in exps:
+        key = (e.eid.task, e.eid.run)
+        last_step[key] = max(last_step.get(key, -1), e.eid.step)
+    return [
+        AnchorStep(
+            task=e.eid.task,
+            run=e.eid.run,
+            step=e.eid.step,
+            state_hash=str(e.info["env_state_hash"]),
+            ret=float(r),
+            last=bool(e.info.get("last", e.eid.step == last_step[(e.eid.task, e.eid.run)])),
+        )
+        for e, r in zip(exps, returns, strict=True)
+    ]
+
+
+# -- worker entry points (module level: they are pickled to spawned processes)
+
+
+def _ping(_: int) -> int:
+    time.sleep(0.05)  # long enough that one worker cannot answer every ping
+    return os.getpid()
+
+
+def _insert_shard(index: AnchorIndex, batch_key: str, steps: list[AnchorStep]) -> float:
+    t0 = time.perf_counter()
+    index.insert(batch_key, steps)
+    index.close()
+    return time.perf_counter() - t0
+
+
+def _query_shard(
+    index: AnchorIndex, batch_key: str, rows: np.ndarray, tasks: list[str], hashes: list[str], returns: np.ndarray,
+    norm: str, eps: float, n_runs: int,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    t0 = time.perf_counter()
+    adv = index.step_advantages(batch_key, tasks, hashes, returns, norm=norm, eps=eps, n_runs=n_runs)  # type: ignore[arg-type]
+    index.close()
+    return rows, adv, time.perf_counter() - t0
+
+
+def run_gigpo_job(
+    cfg: GiGPOJobConfig | None = None,
+    *,
+    act: Act | None = None,
+    engine: Any = None,
+    return_experiences: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run one GiGPO batch (see the module docstring) and summarise it.
+
+    Args:
+        cfg: job settings; defaults to :class:`GiGPOJobConfig` ().
+        act: the policy for ``policy="engine"``: ``act(prompts, choices) -> list[dict]``.
+        engine: alternatively a ``VLLMRolloutEngine`` actor; wrapped with
+            :func:`~orchestrator.envs.frozenlake.engine_act` at ``cfg.temperature``.
+        return_experiences: also return the experiences, each with ``info["advantage"]``,
+            ``info["episode_advantage"]``, ``info["step_advantage"]`` and ``info["return"]``.
+        log: optional progress callback (one line per phase).
+    Returns:
+        ``{"algo": "gigpo", "backend": "memory"|"redis", "workers", "batch_key", "tasks",
+        "trajectories", "steps", "anchor_groups", "anchor_group_fraction" (fraction of steps
+        whose anchor group has more than one member), "group_size_histogram" ({size: groups}),
+        "mean_abs_episode_advantage", "mean_abs_step_advantage", "mean_abs_advantage",
+        "success_rate" (fraction of trajectories reaching the goal), "invalid_action_rate",
+        "mean_trajectory_length", "max_abs_diff_vs_pure", "timings": {"workers_start_s",
+        "rollout_s", "returns_s", "index_write_s", "advantage_s", "total_s"}}`` (seconds) plus ``"experiences"``
+        when asked.
+    Raises:
+        GiGPOJobError: ``policy="engine"`` without ``act``/``engine``; the workers' result
+            differs from the single-process one by more than ``check_tol``.
+        orchestrator.anchor_index.AnchorIndexError: Redis unreachable or batch state lost.
+    """
+    cfg = cfg or GiGPOJobConfig()
+    say = log or (lambda _msg: None)
+    g = cfg.gigpo
+    t_start = time.perf_counter()
+    if cfg.policy == "engine":
+        if act is None and engine is None:
+            raise GiGPOJobError("policy='engine' needs an act callable or an engine actor")
+        act = act or engine_act(engine, temperature=cfg.temperature, seed=cfg.seed)
+    else:
+        act = random_act(cfg.seed, invalid_prob=cfg.invalid_prob)
+    batch_key = cfg.batch_key or f"gigpo-{cfg.seed}-{uuid.uuid4().hex[:8]}"
+
+    tasks = make_tasks(cfg.tasks, size=cfg.map_size, seed=cfg.seed)
+    t0 = time.perf_counter()
+    exps = run_episodes(tasks, cfg.n, act, max_steps=cfg.max_steps, batch=batch_key)
+    t_rollout = time.perf_counter() - t0
+    say(f"rollout: {len(tasks)} tasks x {cfg.n} runs, {len(exps)} steps in {t_rollout:.2f}s")
+
+    t0 = time.perf_counter()
+    task_ids = np.array([e.eid.task for e in exps])
+    hashes = np.array([e.info["env_state_hash"] for e in exps])
+    pure = gigpo_advantages(
+        task_ids,
+        np.array([e.eid.run for e in exps]),
+        np.array([e.eid.step for e in exps]),
+        np.array([e.reward for e in exps]),
+        hashes,
+        invalid=np.array([bool(e.info.get("invalid_action", False)) for e in exps]),
+        config=g,
+    )
+    steps = steps_for_index(exps, pure.returns)
+    t_returns = time.perf_counter() - t0
+
+    index = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
+    backend = "redis" if cfg.redis_url else "memory"
+    ctx = mp.get_context("spawn")
+    step_adv = np.full(len(exps), np.nan)
+    try:
+        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=ctx) as pool:
+            t0 = time.perf_counter()
+            pids: set[int] = set()
+            for _ in range(20):  # start (and import in) every worker before timing the work
+                pids |= set(pool.map(_ping, range(2 * cfg.workers)))
+                if len(pids) >= cfg.workers:
+                    break
+            t_workers = time.perf_counter() - t0
+            say(f"workers: {len(pids)} processes started in {t_workers:.2f}s")
+            t0 = time.perf_counter()
+            if backend == "redis":
+                # trajectory-interleaved shards: the same anchor group is written concurrently
+                traj, _ = encode_keys(task_ids, np.array([e.eid.run for e in exps]))
+                shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
+                list(pool.map(_insert_shard, [index] * cfg.workers, [batch_key] * cfg.workers, shards))
+            else:
+                index.insert(batch_key, steps)
+            done = index.completed_runs(batch_key)
+            incomplete = {t.task_id: done.get(t.task_id, 0) for t in tasks if done.get(t.task_id, 0) != cfg.n}
+            if incomplete:
+                raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
+            t_write = time.perf_counter() - t0
+            say(f"index ({backend}): {len(steps)} steps written in {t_write:.2f}s")
+
+            t0 = time.perf_counter()
+            task_code, _ = encode_keys(task_ids)
+            futures = []
+            for w in range(cfg.workers):
+                rows = np.flatnonzero(task_code % cfg.workers == w)
+                if rows.size == 0:
+                    continue
+                futures.append(
+                    pool.submit(
+                        _query_shard, index, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(),
+                        pure.returns[rows], g.norm, g.eps, cfg.n,
+                    )
+                )
+            for f in futures:
+                rows, adv, _ = f.result()
+                step_adv[rows] = adv
+            t_adv = time.perf_counter() - t0
+    finally:
+        if not cfg.keep_batch:
+            try:
+                index.drop(batch_key)
+            except Exception as exc:  # noqa: BLE001 - the job's own error matters more
+                say(f"could not drop batch {batch_key!r} from the index: {exc}")
+        index.close()
+
+    advantages = pure.episode + g.omega * step_adv
+    diff = float(np.max(np.abs(advantages - pure.advantages))) if len(exps) else 0.0
+    if not diff <= cfg.check_tol:  # also catches NaN (a row no worker answered)
+        raise GiGPOJobError(f"distributed advantages differ from the single-process ones by {diff:.3g} > {cfg.check_tol}")
+    say(f"advantages: {cfg.workers} workers in {t_adv:.2f}s, max |diff| vs pure {diff:.2g}")
+
+    last = np.array([e.info.get("last", False) for e in exps])
+    sizes = Counter(pure.anchor_ids.tolist())
+    result: dict[str, Any] = {
+        "algo": "gigpo",
+        "backend": backend,
+        "workers": cfg.workers,
+        "batch_key": batch_key,
+        "tasks": len(tasks),
+        "trajectories": len(tasks) * cfg.n,
+        "steps": len(exps),
+        "anchor_groups": len(sizes),
+        "anchor_group_fraction": float(np.mean(pure.anchor_sizes > 1)) if len(exps) else 0.0,
+        "group_size_histogram": dict(sorted(Counter(sizes.values()).items())),
+        "mean_abs_episode_advantage": float(np.mean(np.abs(pure.episode))) if len(exps) else 0.0,
+        "mean_abs_step_advantage": float(np.mean(np.abs(step_adv))) if len(exps) else 0.0,
+        "mean_abs_advantage": float(np.mean(np.abs(advantages))) if len(exps) else 0.0,
+        "success_rate": float(np.mean([e.metrics["success"] for e, is_last in zip(exps, last, strict=True) if is_last])),
+        "invalid_action_rate": float(np.mean([e.info["invalid_action"] for e in exps])),
+        "mean_trajectory_length": len(exps) / (len(tasks) * cfg.n),
+        "max_abs_diff_vs_pure": diff,
+        "timings": {
+            "workers_start_s": t_workers,
+            "rollout_s": t_rollout,
+            "returns_s": t_returns,
+            "index_write_s": t_write,
+            "advantage_s": t_adv,
+            "total_s": time.perf_counter() - t_start,
+        },
+    }
+    if return_experiences:
+        for i, e in enumerate(exps):
+            e.info["advantage"] = float(advantages[i])
+            e.info["episode_advantage"] = float(pure.episode[i])
+            e.info["step_advantage"] = float(step_adv[i])
+            e.info["return"] = float(pure.returns[i])
+        result["experiences"] = exps
+    return result
