@@ -242,6 +242,11 @@ class Orchestrator:
     def ping(self) -> str:
         return "ok"
 
+    def metrics_text(self) -> str:
+        """The metrics in Prometheus text format (``metrics.exposition()``); "" without metrics."""
+        exposition = getattr(self.metrics, "exposition", None)
+        return exposition() if exposition is not None else ""
+
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=0)(Orchestrator)
 

@@ -136,3 +136,84 @@ def ray_local():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
     yield ray
     ray.shutdown()
+
+
+# --------------------------------------------------------------------------- REST service (Ray Serve)
+
+
+@pytest.fixture(scope="session")
+def serve_http(ray_local):
+    """Ray Serve's HTTP proxy on a free 127.0.0.1 port for the session; yields its base URL."""
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+@dataclass
+class DSOService:
+    """The REST app deployed for one test module, and a factory of fresh orchestrator actors behind it."""
+
+    url: str
+    actor_name: str
+    token: str | None
+    handle: object = None
+
+    def orchestrator(self, policy: dict, script: dict | None = None, default: list | None = None, **kwargs):
+        """Replace the actor behind the service by a fresh one (scripted rollouts, fresh metrics)."""
+        import ray
+
+        from orchestrator.actor import get_or_create_orchestrator
+        from orchestrator.metrics import DSOMetrics
+        from orchestrator.scripted import ScriptedRolloutSource, ScriptedTasks
+
+        self.stop()
+        tasks = kwargs.pop("tasks", sorted((script or {}).keys()) or ["t0"])
+        self.handle = get_or_create_orchestrator(
+            policy, ScriptedTasks(tasks), ScriptedRolloutSource(script, default=default),
+            metrics=DSOMetrics(), name=self.actor_name, **kwargs,
+        )
+        ray.get(self.handle.ping.remote())
+        return self.handle
+
+    def stop(self) -> None:
+        """Kill the current actor and wait until its name is free."""
+        import ray
+
+        if self.handle is None:
+            return
+        ray.kill(self.handle)
+        self.handle = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(self.actor_name, namespace="trinity-dso")
+            except ValueError:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"actor {self.actor_name} still registered 30 s after ray.kill")
+
+
+@pytest.fixture(scope="module")
+def dso_service(serve_http, request):
+    """``orchestrator.rest`` deployed at ``/`` of :func:`serve_http` for one test module.
+
+    The module may set ``DSO_TOKEN`` (bearer token; default none). Yields a :class:`DSOService`;
+    call ``.orchestrator(policy, script)`` in each test for a fresh actor behind it.
+    """
+    from ray import serve
+
+    from orchestrator.rest import build_app
+
+    name = "dso-" + request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    token = getattr(request.module, "DSO_TOKEN", None)
+    app = build_app({"orchestrator": None, "service": {"actor_name": name, "auth_token": token or "", "app_name": name}})
+    serve.run(app, name=name, route_prefix="/")
+    service = DSOService(url=serve_http, actor_name=name, token=token)
+    try:
+        yield service
+    finally:
+        service.stop()
+        serve.delete(name)
