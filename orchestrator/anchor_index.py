@@ -93,10 +93,18 @@ class AnchorStep:
     last: bool = False
 
 
+_SEPARATORS = re.compile("[\x1e\x1f]")
+
+
 def _validate(steps: Sequence[AnchorStep]) -> None:
     for i, s in enumerate(steps):
-        if not s.state_hash:
+        if not s.state_hash or not isinstance(s.state_hash, str):
             raise ValueError(f"state_hash: missing ({s.state_hash!r}) for task {s.task!r} run {s.run} step {s.step} (item {i})")
+        if not s.task or _SEPARATORS.search(s.task) or _SEPARATORS.search(s.state_hash):
+            raise ValueError(
+                f"task/state_hash: empty task or a control character \\x1e/\\x1f in task {s.task!r} "
+                f"or state_hash {s.state_hash!r} (item {i})"
+            )
         if not np.isfinite(s.ret):
             raise ValueError(f"ret: non-finite value {s.ret!r} for task {s.task!r} run {s.run} step {s.step} (item {i})")
         if s.run < 0 or s.step < 0:
@@ -343,44 +351,76 @@ class MemoryAnchorIndex(AnchorIndex):
 # --------------------------------------------------------------------------- redis
 
 # KEYS: meta, steps, groups, runs, done.  ARGV: ttl_ms, expected_epoch ('' = any),
-# new_epoch, count, then 8 per step: step_field, group_field, run_field, task, state,
-# return (repr, exact), last ('1'/'0'), step index.
+# new_epoch, records: one string, records separated by \x1e, fields by \x1f: task, run,
+# step, state, return (repr, exact), last ('1'/'0'). Hash fields are built here
+# (length-prefixed task, see _field). Reads and writes are batched per call (one HMGET /
+# HSET per hash); group moments are updated in arrival order with the same operations as
+# MemoryAnchorIndex (_add_moment).
 _INSERT_LUA = r"""
-local ttl = tonumber(ARGV[1])
-local expected = ARGV[2]
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if expected ~= '' and epoch ~= expected then
-  return redis.error_reply('EPOCH batch state lost: expected epoch ' .. expected .. ', found ' .. tostring(epoch))
+if ARGV[2] ~= '' and epoch ~= ARGV[2] then
+  return redis.error_reply('EPOCH batch state lost: expected epoch ' .. ARGV[2] .. ', found ' .. tostring(epoch))
 end
 if not epoch then
   epoch = ARGV[3]
   redis.call('HSET', KEYS[1], 'epoch', epoch)
 end
-local count = tonumber(ARGV[4])
-local pending = {}
-for i = 0, count - 1 do
-  local o = 4 + i * 8
-  local sf = ARGV[o + 1]
-  local payload = ARGV[o + 5] .. '\31' .. ARGV[o + 6]
-  local old = redis.call('HGET', KEYS[2], sf)
-  if not old then old = pending[sf] end
-  if old and old ~= payload then
-    return redis.error_reply('CONFLICT step ' .. sf .. ' already stored as ' .. old .. ', got ' .. payload)
-  end
-  pending[sf] = payload
+local T, RUN, STEP, H, V, LAST, SF, GF, RF = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local count = 0
+for rec in string.gmatch(ARGV[4], '[^\30]+') do
+  local task, run, step, state, ret, last = string.match(rec, '^([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)$')
+  if not task then return redis.error_reply('BADRECORD ' .. rec) end
+  count = count + 1
+  local tp = #task .. ':' .. task .. '|'
+  T[count], RUN[count], STEP[count], H[count], V[count], LAST[count] = task, run, step, state, ret, last
+  SF[count] = tp .. run .. '|' .. step
+  GF[count] = tp .. state
+  RF[count] = tp .. run
 end
-local added = 0
-for i = 0, count - 1 do
-  local o = 4 + i * 8
-  local sf, gf, rf, task = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4]
-  local ret, last, step = ARGV[o + 6], ARGV[o + 7], ARGV[o + 8]
-  if redis.call('HSETNX', KEYS[2], sf, ARGV[o + 5] .. '\31' .. ret) == 1 then
-    added = added + 1
-    local r = tonumber(ret)
-    local cur = redis.call('HGET', KEYS[3], gf)
-    if cur then
-      local sn, sc, ss1, ss2 = string.match(cur, '^(%S+) (%S+) (%S+) (%S+)$')
-      local n, c, s1, s2 = tonumber(sn), tonumber(sc), tonumber(ss1), tonumber(ss2)
+if count == 0 then return {0, epoch} end
+local olds = redis.call('HMGET', KEYS[2], unpack(SF))
+-- validation: refuse the whole call on a conflicting duplicate, before any write
+local pending, new_rows, is_new = {}, {}, {}
+for i = 1, count do
+  local payload = H[i] .. '\31' .. V[i]
+  local old = olds[i]
+  if not old then old = pending[SF[i]] end
+  if old then
+    if old ~= payload then
+      return redis.error_reply('CONFLICT step ' .. SF[i] .. ' already stored as ' .. old .. ', got ' .. payload)
+    end
+  else
+    pending[SF[i]] = payload
+    new_rows[#new_rows + 1] = i
+    is_new[i] = true
+  end
+end
+if #new_rows > 0 then
+  local kv = {}
+  for _, i in ipairs(new_rows) do
+    kv[#kv + 1] = SF[i]
+    kv[#kv + 1] = H[i] .. '\31' .. V[i]
+  end
+  redis.call('HSET', KEYS[2], unpack(kv))
+  -- anchor-group moments [n, c, S1, S2], c = group minimum
+  local gfields, gseen, gstate = {}, {}, {}
+  for _, i in ipairs(new_rows) do
+    if not gseen[GF[i]] then gseen[GF[i]] = true; gfields[#gfields + 1] = GF[i] end
+  end
+  local cur = redis.call('HMGET', KEYS[3], unpack(gfields))
+  for k, gf in ipairs(gfields) do
+    if cur[k] then
+      local sn, sc, ss1, ss2 = string.match(cur[k], '^(%S+) (%S+) (%S+) (%S+)$')
+      gstate[gf] = {tonumber(sn), tonumber(sc), tonumber(ss1), tonumber(ss2)}
+    end
+  end
+  for _, i in ipairs(new_rows) do
+    local r = tonumber(V[i])
+    local g = gstate[GF[i]]
+    if not g then
+      gstate[GF[i]] = {1, r, 0, 0}
+    else
+      local n, c, s1, s2 = g[1], g[2], g[3], g[4]
       if r < c then
         local delta = c - r
         s2 = s2 + 2 * delta * s1 + n * delta * delta
@@ -388,25 +428,54 @@ for i = 0, count - 1 do
         c = r
       end
       local d = r - c
-      cur = string.format('%d %.17g %.17g %.17g', n + 1, c, s1 + d, s2 + d * d)
-    else
-      cur = '1 ' .. ret .. ' 0 0'
+      g[1], g[2], g[3], g[4] = n + 1, c, s1 + d, s2 + d * d
     end
-    redis.call('HSET', KEYS[3], gf, cur)
-    redis.call('HINCRBY', KEYS[4], rf .. '#n', 1)
   end
-  if last == '1' then
-    redis.call('HSET', KEYS[4], rf .. '#len', tonumber(step) + 1)
+  local gkv = {}
+  for _, gf in ipairs(gfields) do
+    local g = gstate[gf]
+    gkv[#gkv + 1] = gf
+    gkv[#gkv + 1] = string.format('%d %.17g %.17g %.17g', g[1], g[2], g[3], g[4])
   end
-  local len = redis.call('HGET', KEYS[4], rf .. '#len')
-  if len and tonumber(redis.call('HGET', KEYS[4], rf .. '#n') or '0') == tonumber(len) then
-    if redis.call('HSETNX', KEYS[4], rf .. '#done', '1') == 1 then
-      redis.call('HINCRBY', KEYS[5], task, 1)
+  redis.call('HSET', KEYS[3], unpack(gkv))
+end
+-- run completion: #n stored steps, #len from the last step, #done once complete
+local rfields, rstate = {}, {}
+for i = 1, count do
+  if not rstate[RF[i]] then rfields[#rfields + 1] = RF[i]; rstate[RF[i]] = {task = T[i]} end
+end
+local q = {}
+for _, rf in ipairs(rfields) do
+  q[#q + 1] = rf .. '#n'; q[#q + 1] = rf .. '#len'; q[#q + 1] = rf .. '#done'
+end
+local rc = redis.call('HMGET', KEYS[4], unpack(q))
+for k, rf in ipairs(rfields) do
+  local st = rstate[rf]
+  st.n = tonumber(rc[3 * k - 2] or '0')
+  st.len = rc[3 * k - 1] and tonumber(rc[3 * k - 1]) or false
+  st.done = rc[3 * k] and true or false
+end
+for i = 1, count do
+  local st = rstate[RF[i]]
+  if is_new[i] then st.n = st.n + 1 end
+  if LAST[i] == '1' then st.len = tonumber(STEP[i]) + 1 end
+end
+local rkv, done_inc = {}, {}
+for _, rf in ipairs(rfields) do
+  local st = rstate[rf]
+  rkv[#rkv + 1] = rf .. '#n'; rkv[#rkv + 1] = st.n
+  if st.len then
+    rkv[#rkv + 1] = rf .. '#len'; rkv[#rkv + 1] = st.len
+    if not st.done and st.n == st.len then
+      rkv[#rkv + 1] = rf .. '#done'; rkv[#rkv + 1] = '1'
+      done_inc[st.task] = (done_inc[st.task] or 0) + 1
     end
   end
 end
-for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
-return {added, epoch}
+redis.call('HSET', KEYS[4], unpack(rkv))
+for task, k in pairs(done_inc) do redis.call('HINCRBY', KEYS[5], task, k) end
+for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[1])) end
+return {#new_rows, epoch}
 """
 
 _KINDS = ("meta", "steps", "groups", "runs", "done")
@@ -417,8 +486,8 @@ def _redact(url: str) -> str:
 
 
 def _field(task: str, *rest: Any) -> str:
-    # length-prefixed task so ids containing the separator cannot collide
-    return f"{len(task)}:{task}|" + "|".join(str(x) for x in rest)
+    # task prefixed by its UTF-8 byte length (as Lua's #task) so ids containing '|' cannot collide
+    return f"{len(task.encode())}:{task}|" + "|".join(str(x) for x in rest)
 
 
 class RedisAnchorIndex(AnchorIndex):
@@ -429,7 +498,9 @@ class RedisAnchorIndex(AnchorIndex):
         prefix: key namespace, e.g. ``dso:<run name>``; keys are ``{prefix}:{<batch>}:<kind>``
             plus the registry set ``{prefix}:batches``.
         ttl_s: keys expire this long after a batch's last write, > 0.
-        chunk_size: steps per Lua call (all chunks go in one pipelined round trip).
+        chunk_size: steps per Lua call, in [1, 2000] (all chunks go in one pipelined round
+            trip; each call is atomic and blocks the server for its duration, ~10 ms per
+            1000 steps).
         read_retries: extra attempts for reads after a connection error (with backoff).
         socket_timeout: seconds, for connect and commands.
     """
@@ -446,8 +517,8 @@ class RedisAnchorIndex(AnchorIndex):
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+        if not 1 <= chunk_size <= 2000:  # Lua unpack() stays well under its ~8000 limit
+            raise ValueError(f"chunk_size must be in [1, 2000], got {chunk_size!r}")
         if not prefix:
             raise ValueError("prefix must be a non-empty string")
         self.url = url
@@ -538,18 +609,11 @@ class RedisAnchorIndex(AnchorIndex):
             pipe = client.pipeline(transaction=False)
             for lo in range(0, len(steps), self.chunk_size):
                 chunk = steps[lo : lo + self.chunk_size]
-                argv: list[Any] = [ttl_ms, self._epochs.get(batch_key, ""), new_epoch, len(chunk)]
-                for s in chunk:
-                    argv += [
-                        _field(s.task, s.run, s.step),
-                        _field(s.task, s.state_hash),
-                        _field(s.task, s.run),
-                        s.task,
-                        s.state_hash,
-                        repr(float(s.ret)),
-                        "1" if s.last else "0",
-                        int(s.step),
-                    ]
+                records = "\x1e".join(
+                    f"{s.task}\x1f{int(s.run)}\x1f{int(s.step)}\x1f{s.state_hash}\x1f{float(s.ret)!r}\x1f{'1' if s.last else '0'}"
+                    for s in chunk
+                )
+                argv = [ttl_ms, self._epochs.get(batch_key, ""), new_epoch, records]
                 self._script(keys=keys, args=argv, client=pipe)
             pipe.sadd(self._registry(), batch_key)
             pipe.pexpire(self._registry(), ttl_ms)

@@ -284,3 +284,11 @@ def test_redis_down_names_url_and_operation(redis_server):
 def test_make_anchor_index_picks_backend():
     assert isinstance(make_anchor_index(None), MemoryAnchorIndex)
     assert isinstance(make_anchor_index("redis://127.0.0.1:1/0", prefix="x"), RedisAnchorIndex)
+
+
+def test_redis_non_ascii_and_separator_like_ids(redis_url, redis_namespace):
+    # the task id is length-prefixed in hash fields: 'é|x' + state 'y' cannot collide with 'é' + state 'x|y'
+    idx = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    idx.insert("b1", [AnchorStep("é|x", 0, 0, "y", 1.0, last=True), AnchorStep("é", 0, 0, "x|y", 0.0, last=True)])
+    idx.insert("b1", [AnchorStep("é|x", 1, 0, "y", 0.0, last=True), AnchorStep("é", 1, 0, "x|y", 0.0, last=True)])
+    np.testing.assert_array_equal(idx.step_advantages("b1", ["é|x", "é"], ["y", "x|y"], [1.0, 0.0], norm="none", n_runs=2), [0.5, 0.0])
