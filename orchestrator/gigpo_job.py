@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -26,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -66,9 +68,15 @@ class GiGPOJobConfig(BaseModel):
         keep_batch: leave the batch in the index after the job (default: dropped).
         workers: advantage worker processes, >= 2.
         seed: map seed and random-policy seed.
-        policy: ``"random"`` (seeded uniform policy, fast) or ``"engine"`` (needs ``act`` or
-            ``engine`` passed to :func:`run_gigpo_job`).
-        temperature: sampling temperature for ``policy="engine"`` with an engine actor.
+        policy: ``"random"`` (seeded uniform policy, fast); ``"engine"`` (needs ``act`` or
+            ``engine`` passed to :func:`run_gigpo_job`); ``"vllm"``: like ``"engine"``, but
+            when neither is passed the job starts Ray (2 CPUs) and a
+            :data:`~orchestrator.rollout.VLLMRolloutEngine` on ``model_dir`` (default:
+            :func:`orchestrator.model.ensure_smollm2`), and kills it at the end.
+        model_dir: model for ``policy="vllm"``; None uses SmolLM2-135M-Instruct.
+        temperature: sampling temperature for an engine actor (``chat_choice``).
+        out_dir: when set, the summary (without experiences) is written to
+            ``out_dir/gigpo.json``.
         invalid_prob: probability that the random policy answers an invalid word, [0, 1).
         check_tol: maximum allowed |distributed - single-process| advantage difference.
         gigpo: advantage settings (paper defaults).
@@ -87,7 +95,9 @@ class GiGPOJobConfig(BaseModel):
     keep_batch: bool = False
     workers: int = Field(2, ge=2)
     seed: int = 0
-    policy: Literal["random", "engine"] = "random"
+    policy: Literal["random", "engine", "vllm"] = "random"
+    model_dir: Path | None = None
+    out_dir: Path | None = None
     temperature: float = Field(1.0, ge=0)
     invalid_prob: float = Field(0.0, ge=0, lt=1)
     check_tol: float = Field(1e-9, gt=0)
@@ -176,14 +186,51 @@ def run_gigpo_job(
     """
     cfg = cfg or GiGPOJobConfig()
     say = log or (lambda _msg: None)
-    g = cfg.gigpo
     t_start = time.perf_counter()
-    if cfg.policy == "engine":
+    started_engine = None
+    if cfg.policy in ("engine", "vllm"):
         if act is None and engine is None:
-            raise GiGPOJobError("policy='engine' needs an act callable or an engine actor")
+            if cfg.policy == "engine":
+                raise GiGPOJobError("policy='engine' needs an act callable or an engine actor")
+            engine = started_engine = _start_vllm_engine(cfg, say)
         act = act or engine_act(engine, temperature=cfg.temperature, seed=cfg.seed)
     else:
         act = random_act(cfg.seed, invalid_prob=cfg.invalid_prob)
+    try:
+        result = _run(cfg, act, say, t_start, return_experiences)
+    finally:
+        if started_engine is not None:
+            import ray
+
+            ray.kill(started_engine)
+    if cfg.out_dir is not None:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        summary = {k: v for k, v in result.items() if k != "experiences"}
+        (cfg.out_dir / "gigpo.json").write_text(json.dumps(summary, indent=2, default=str))
+    return result
+
+
+def _start_vllm_engine(cfg: GiGPOJobConfig, say: Callable[[str], None]) -> Any:
+    import ray
+
+    from orchestrator.rollout import start_engine
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
+    if cfg.model_dir is None:
+        from orchestrator.model import ensure_smollm2
+
+        model_dir = ensure_smollm2()
+    else:
+        model_dir = cfg.model_dir
+    say(f"starting vLLM engine on {model_dir}")
+    return start_engine(model_dir, seed=cfg.seed)
+
+
+def _run(
+    cfg: GiGPOJobConfig, act: Act, say: Callable[[str], None], t_start: float, return_experiences: bool
+) -> dict[str, Any]:
+    g = cfg.gigpo
     batch_key = cfg.batch_key or f"gigpo-{cfg.seed}-{uuid.uuid4().hex[:8]}"
 
     tasks = make_tasks(cfg.tasks, size=cfg.map_size, seed=cfg.seed)

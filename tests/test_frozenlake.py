@@ -9,6 +9,7 @@ from algos.gigpo import anchor_group_ids, gigpo_advantages
 from orchestrator.envs.frozenlake import (
     ACTIONS,
     EnvError,
+    engine_act,
     make_tasks,
     random_act,
     render_grid,
@@ -144,3 +145,18 @@ def test_rollout_feeds_gigpo():
         invalid=[e.info["invalid_action"] for e in exps],
     )
     assert np.all(np.isfinite(out.advantages)) and out.advantages.shape == (len(exps),)
+
+
+def test_engine_act_adapts_a_chat_choice_object():
+    class Engine:
+        def __init__(self):
+            self.seeds = []
+
+        def chat_choice(self, prompts, choices, temperature, seed):
+            self.seeds.append((temperature, seed))
+            return [{"text": choices[2], "token_ids": [5], "prompt_token_ids": [1], "logprobs": [-0.1]} for _ in prompts]
+
+    eng = Engine()
+    exps = run_episodes([lake(["SFF", "FFG", "FFF"])], 2, engine_act(eng, temperature=0.7, seed=10), max_steps=2)
+    assert eng.seeds == [(0.7, 10), (0.7, 10 + 1_000_003)]
+    assert [e.info["action"] for e in exps] == ["right"] * 4

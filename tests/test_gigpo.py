@@ -384,3 +384,19 @@ def test_job_config_refuses_one_worker_and_engine_without_policy():
         GiGPOJobConfig(workers=1)
     with pytest.raises(GiGPOJobError, match="policy='engine' needs an act callable"):
         run_gigpo_job(GiGPOJobConfig(policy="engine"))
+
+
+def test_job_with_act_callable_writes_summary(tmp_path):
+    from orchestrator.envs.frozenlake import random_act
+    from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+
+    calls = []
+    inner = random_act(5)
+
+    def act(prompts, choices):
+        calls.append(len(prompts))
+        return inner(prompts, choices)
+
+    r = run_gigpo_job(GiGPOJobConfig(tasks=2, n=3, max_steps=4, policy="engine", out_dir=tmp_path), act=act)
+    assert calls and calls[0] == 6 and r["steps"] == sum(calls)
+    assert (tmp_path / "gigpo.json").exists()
