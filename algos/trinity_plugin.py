@@ -46,6 +46,10 @@ OPERATOR_CLASS_PATH = "orchestrator.trinity_adapters.OrchestratorOperator"
 SELECTOR_NAME = "dso_orchestrator"
 """Registered name of the task selector (``orchestrator.trinity_adapters``)."""
 SELECTOR_CLASS_PATH = "orchestrator.trinity_adapters.OrchestratorTaskSelector"
+# default_config() names our components by dotted path: they then resolve in every Trinity
+# process (explorer, pipeline, trainer workers) whether or not a plugin shim was loaded there.
+LOSS_CLASS_PATH = "algos.trinity_plugin.DsoClipHigherPolicyLossFn"
+GIGPO_ADVANTAGE_CLASS_PATH = "algos.trinity_plugin.DsoGiGPOAdvantageFn"
 
 
 class RegistryConflictError(KeyError):
@@ -173,7 +177,7 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
             "repeat_times": 16,
             "advantage_fn": "grpo",
             "sample_strategy": "default",
-            "policy_loss_fn": "dso_clip_higher",
+            "policy_loss_fn": LOSS_CLASS_PATH,
             "policy_loss_fn_args": DsoClipHigherPolicyLossFn.default_args(),
             "kl_penalty_fn": "none",
             "kl_loss_fn": "none",
@@ -209,10 +213,10 @@ class DsoGiGPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     def default_config(cls) -> Dict:
         return {
             "repeat_times": 8,
-            "advantage_fn": "dso_gigpo",
+            "advantage_fn": GIGPO_ADVANTAGE_CLASS_PATH,
             "advantage_fn_args": DsoGiGPOAdvantageFn.default_args(),
             "sample_strategy": "default",
-            "policy_loss_fn": "dso_clip_higher",
+            "policy_loss_fn": LOSS_CLASS_PATH,
             "policy_loss_fn_args": {
                 "clip_range_low": 0.2,
                 "clip_range_high": 0.2,
