@@ -196,10 +196,14 @@ def group_advantages(
         return r
     _, inv = torch.unique(g, return_inverse=True)
     num = int(inv.max()) + 1
+    # Shift each group by its minimum first: equal rewards become exact zeros, so their
+    # mean and centred values are exactly 0 (no 1e-17 residue amplified by 1 / eps).
+    low = torch.full((num,), float("inf"), dtype=torch.float64).scatter_reduce_(0, inv, r, reduce="amin")
+    shifted = r - low[inv]
     count = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
-    total = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, r)
+    total = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, shifted)
     mean = total / count
-    centred = r - mean[inv]
+    centred = shifted - mean[inv]
     sq = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, centred * centred)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     denom = std + eps

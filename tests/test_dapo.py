@@ -101,9 +101,10 @@ def test_group_advantages_none_norm_centres_only():
 
 
 def test_group_advantages_equal_rewards_exactly_zero():
-    adv = group_advantages(torch.tensor([0.1 + 0.2, 0.3, 0.3]), torch.tensor([0, 0, 0]))
-    # centred values are ~1e-17; the unbiased std ~3e-17 is dwarfed by eps=1e-6.
-    assert float(adv.abs().max()) < 1e-10
+    # 0.1 * 3 sums to 0.30000000000000004: a plain mean leaves a 1e-17 residue that 1/eps
+    # would blow up to ~1e-11.
+    adv = group_advantages(torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64), torch.tensor([0, 0, 0]))
+    assert adv.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_group_advantages_rejects_inf_naming_group():
