@@ -78,7 +78,7 @@ def gigpo_table(summary: dict) -> Table:
 @app.command()
 def demo(
     algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: FrozenLake agent."),
-    backend: Optional[Backend] = typer.Option(None, help="vllm (default) or scripted (DAPO) / random (GiGPO): no model."),
+    backend: Optional[Backend] = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
     batches: int = typer.Option(4, min=1, help="DAPO: train batches to emit."),
     redis_url: Optional[str] = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
     out: Path = typer.Option(Path("runs/demo"), help="Output directory (buffer, state and summary JSON)."),
@@ -87,8 +87,8 @@ def demo(
     if algo is Algo.gigpo:
         from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
 
-        cfg = GiGPOJobConfig(**{k: v for k, v in {"redis_url": redis_url, "out_dir": out,
-                                                     "policy": backend.value if backend else None}.items() if v is not None})
+        policy = "vllm" if backend in (None, Backend.vllm) else "random"  # scripted == seeded random play
+        cfg = GiGPOJobConfig(redis_url=redis_url, out_dir=out, policy=policy)
         with console.status("GiGPO rollouts and advantages..."):
             summary = run_gigpo_job(cfg)
         console.print(gigpo_table(summary))
