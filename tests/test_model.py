@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from orchestrator.model import MARKER, build_tiny_model, ensure_smollm2, find_smollm2_gguf
+from orchestrator.model import (
+    MARKER,
+    build_tiny_model,
+    ensure_smollm2,
+    find_smollm2_gguf,
+)
 from orchestrator.rollout import HFRolloutSource, OverlongConfig, SamplingConfig
 from orchestrator.tasks import default_task_set
 

@@ -14,6 +14,7 @@ from orchestrator.tasks import (
     extract_number,
     extract_yes_no,
     gen_champ,
+    gen_copy,
     gen_rg_syllogism,
     score_response,
 )
@@ -169,3 +170,15 @@ def test_parity_answer_matches_question():
     for t in ts:
         n, asked = t.meta["n"], t.prompt[0]["content"].split()[3]
         assert t.answer == ("yes" if (n % 2 == 0) == (asked == "even") else "no")
+
+
+def test_copy_prompt_ends_with_the_question_after_example_turns():
+    task = gen_copy(0, 1)[0]
+    assert [m["role"] for m in task.prompt] == ["user", "assistant"] * 3 + ["user"]
+    assert task.prompt[-1]["content"] == f"Repeat this number: {task.answer}."
+
+
+def test_default_mix_covers_every_generator():
+    from orchestrator.tasks import DEFAULT_MIX, GENERATORS
+
+    assert set(DEFAULT_MIX) == set(GENERATORS)
