@@ -30,11 +30,8 @@ import numpy as np
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
 from orchestrator.history import TaskHistory
 from orchestrator.policy import ResamplingPolicy
+from orchestrator.tasks import UnknownTaskError
 from orchestrator.types import Batch, Experience, ExperienceId, Group, Purpose
-
-
-class UnknownTaskError(ValueError):
-    """A task id that the orchestrator's task set does not contain."""
 
 
 class ReplenishCapError(RuntimeError):

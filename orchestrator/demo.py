@@ -56,18 +56,14 @@ def _sources(cfg: DemoConfig):
         return tasks, ScriptedRolloutSource(script)
 
     from orchestrator.model import ensure_smollm2
-    from orchestrator.rollout import SamplingConfig, VLLMRolloutEngine, VLLMRolloutSource
+    from orchestrator.rollout import OverlongConfig, SamplingConfig, VLLMRolloutSource, start_engine
     from orchestrator.tasks import default_task_set
 
     model_dir = cfg.model_dir or ensure_smollm2()
     tasks = default_task_set(seed=cfg.seed, size=cfg.task_set_size)
-    engine = VLLMRolloutEngine.remote(str(model_dir))
-    sampling = SamplingConfig(
-        temperature=cfg.temperature,
-        max_tokens=cfg.max_tokens,
-        seed=cfg.seed,
-        overlong_cache=cfg.overlong_cache,
-    )
+    engine = start_engine(model_dir, seed=cfg.seed)
+    overlong = OverlongConfig(max_response_length=cfg.max_tokens, cache_length=cfg.overlong_cache)
+    sampling = SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, overlong=overlong)
     return tasks, VLLMRolloutSource(engine, tasks, sampling)
 
 

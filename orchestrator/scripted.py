@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import count
 from typing import Sequence
 
-from orchestrator.tasks import Task
+from orchestrator.tasks import Task, UnknownTaskError
 from orchestrator.types import Experience, ExperienceId, Group
 
 
@@ -24,7 +24,7 @@ class ScriptedTasks:
 
     def get(self, task_id: str) -> Task:
         if task_id not in self._known:
-            raise KeyError(f"task_id: unknown task {task_id!r}")
+            raise UnknownTaskError(f"task_id: unknown task {task_id!r}")
         return Task(task_id=task_id, prompt=[], answer="")
 
 
