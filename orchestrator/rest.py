@@ -685,4 +685,9 @@ def ensure_orchestrator(cfg: OrchestratorConfig):
     args, kwargs = build_orchestrator_args(cfg)
     handle = get_or_create_orchestrator(*args, name=cfg.name, namespace=cfg.namespace, detached=cfg.detached, **kwargs)
     ray.get(handle.ping.remote())
+    if not cfg.detached:
+        _KEEP_ALIVE.append(handle)  # a non-detached actor dies with its last handle
     return handle
+
+
+_KEEP_ALIVE: list = []
