@@ -217,3 +217,41 @@ def test_dead_actor_is_503_then_found_again(svc, http):
     svc.orchestrator({"target_groups": 3, "group_size": 2}, {"t0": [MIXED]})
     assert http.get("/healthz").status_code == 200
     assert http.get("/v1/policy").json()["policy"]["target_groups"] == 3
+
+
+def test_cli_policy_and_status_go_through_the_rest_api(orch, svc):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    runner = CliRunner()
+    env = {"DSO_URL": svc.url, "DSO_API_TOKEN": ""}
+    r = runner.invoke(app, ["policy", "get"], env=env)
+    assert r.exit_code == 0 and '"revision": 0' in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=3", "filter.band=[-0.5, 0.5]", "replenish_paused=true"], env=env)
+    assert r.exit_code == 1 and "401" in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=3", "filter.band=[-0.5, 0.5]", "replenish_paused=true",
+                            "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 0 and r.output.startswith("revision 1")
+    p = ray.get(orch.get_policy.remote())["policy"]
+    assert p["target_groups"] == 3 and p["filter"]["band"] == [-0.5, 0.5] and p["replenish_paused"] is True
+    r = runner.invoke(app, ["policy", "set", "group_size=0", "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 1 and "422" in r.output and "group_size" in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=4", "--if-match", "0", "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 1 and "409" in r.output
+    r = runner.invoke(app, ["status"], env=env)
+    assert r.exit_code == 0 and "groups submitted" in r.output and "replenish paused" in r.output
+
+
+def test_cli_assignments_parse_to_nested_typed_values():
+    import typer
+
+    from orchestrator.cli_service import parse_assignments
+
+    got = parse_assignments(["target_groups=4", "filter.std_tol=0.01", "filter.band=[0.1, 0.9]", "max_staleness=null",
+                             "replenish_paused=true", "on_cap=partial"])
+    assert got == {"target_groups": 4, "filter": {"std_tol": 0.01, "band": [0.1, 0.9]}, "max_staleness": None,
+                   "replenish_paused": True, "on_cap": "partial"}
+    for bad in ("target_groups", "=4", "filter.=1"):
+        with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
+            parse_assignments([bad])
