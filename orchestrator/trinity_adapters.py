@@ -310,11 +310,14 @@ class OrchestratorTaskSelector:
     (``get_indices``, ``feedback``, ``state_dict``, ``load_state_dict``) without subclassing
     it, so this module imports without Trinity's file reader (which needs ``datasets``).
 
-    Each ``get_indices(batch_size)`` (one explore step) calls the actor's ``plan_round``: with
-    ``replenish="same_tasks"`` the tasks dropped in the open batch come first, then tasks in
-    the actor's epoch order minus those in a history cooldown (``skip_after_all_correct`` /
-    ``skip_after_all_wrong``); the list is topped up with ``select_tasks`` or cut to exactly
-    ``batch_size`` (Trinity reads a fixed number of tasks per step).
+    Each ``get_indices(batch_size)`` (one explore step) hands out exactly ``batch_size`` tasks
+    (Trinity reads a fixed number per step): first those left over from earlier plans, then
+    the tasks of a new ``plan_round`` of the actor (with ``replenish="same_tasks"`` the tasks
+    dropped in the open batch come first, then tasks in the actor's epoch order minus those in
+    a history cooldown, ``skip_after_all_correct`` / ``skip_after_all_wrong``), topped up with
+    ``select_tasks`` when a plan is short. A plan larger than ``batch_size`` is spread over the
+    next explore steps (kept in ``pending`` and in ``state_dict``), so no planned task is lost
+    from the epoch order.
 
     Creates the actor (named ``actor_name`` in the run's namespace, task ids ``"0" .. N-1``)
     when it does not exist yet.
@@ -336,28 +339,44 @@ class OrchestratorTaskSelector:
             name=self.actor_name, namespace=_namespace(self.namespace),
         )
         self.current_index = 0
+        self.pending: list[str] = []  # planned task ids not yet handed out
+        self._last_plan: dict = {}
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
-        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator."""
-        plan = ray.get(self.actor.plan_round.remote())
-        ids = list(plan.task_ids)[:batch_size]
+        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.
+
+        Leftovers of earlier plans first; a new ``plan_round`` only when they do not fill the
+        step; ``select_tasks`` tops up a short plan. Extra info: the latest plan's
+        ``purpose``, ``round`` and ``batch_id``.
+        """
+        ids = self.pending[:batch_size]
+        self.pending = self.pending[batch_size:]
+        if len(ids) < batch_size:
+            plan = ray.get(self.actor.plan_round.remote())
+            self._last_plan = {"purpose": plan.purpose, "round": plan.round, "batch_id": plan.batch_id}
+            planned = list(plan.task_ids)
+            take = batch_size - len(ids)
+            ids += planned[:take]
+            self.pending = planned[take:]
         if len(ids) < batch_size:
             ids += ray.get(self.actor.select_tasks.remote(batch_size - len(ids)))
         indices = [int(t) for t in ids]
         self.current_index += len(indices)
         if return_extra_info:
-            return indices, {"purpose": plan.purpose, "round": plan.round, "batch_id": plan.batch_id}
+            return indices, dict(self._last_plan)
         return indices
 
     def feedback(self, indices: List[int], values: List[float]) -> None:
         """No-op: the orchestrator learns from the pipeline operator's submissions."""
 
     def state_dict(self) -> Dict:
-        """Tasks handed out so far; the task order itself is in the actor's state."""
-        return {"current_index": self.current_index}
+        """Tasks handed out so far and planned ones not yet handed out; the task order itself
+        is in the actor's state."""
+        return {"current_index": self.current_index, "pending": list(self.pending)}
 
     def load_state_dict(self, state_dict: Dict) -> None:
         self.current_index = int(state_dict.get("current_index", 0))
+        self.pending = [str(t) for t in state_dict.get("pending", [])]
 
 
 # ---------------------------------------------------------------------------------- register
