@@ -48,7 +48,7 @@ async def _load(url: str, path: str, clients: int, requests: int) -> tuple[list[
 
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def main() -> None:

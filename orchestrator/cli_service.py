@@ -14,7 +14,7 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -65,7 +65,6 @@ def _client(url: str, token: str | None = None):
 def _request(url: str, method: str, path: str, token: str | None = None, **kwargs: Any) -> Any:
     """One REST call; prints the service's error message and exits 1 on any 4xx/5xx or connection error."""
     import httpx
-
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -226,10 +225,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def serve(
-        config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="YAML config (see examples/service/)."),
-        host: Optional[str] = typer.Option(None, help="Override service.host (default in config: 127.0.0.1)."),
-        port: Optional[int] = typer.Option(None, help="Override service.port."),
-        address: Optional[str] = typer.Option(None, help="Override ray.address ('auto' joins a running cluster)."),
+        config: Annotated[Path, typer.Option("--config", "-c", exists=True, dir_okay=False, help="YAML config (see examples/service/).")],
+        host: str | None = typer.Option(None, help="Override service.host (default in config: 127.0.0.1)."),
+        port: int | None = typer.Option(None, help="Override service.port."),
+        address: str | None = typer.Option(None, help="Override ray.address ('auto' joins a running cluster)."),
     ) -> None:
         """Start the orchestrator actor and its REST service (Ray Serve) from a YAML config; Ctrl-C stops."""
         cfg = load_serve_config(config, {"service.host": host, "service.port": port, "ray.address": address})
@@ -247,10 +246,10 @@ def register(app: typer.Typer) -> None:
 
     @policy_app.command("set")
     def policy_set(
-        assignments: list[str] = typer.Argument(..., metavar="KEY=VALUE...", help="e.g. target_groups=16 filter.std_tol=0.01 replenish_paused=true"),
+        assignments: Annotated[list[str], typer.Argument(metavar="KEY=VALUE...", help="e.g. target_groups=16 filter.std_tol=0.01 replenish_paused=true")],
         url: str = URL_OPTION,
-        token: Optional[str] = TOKEN_OPTION,
-        if_match: Optional[int] = typer.Option(None, "--if-match", help="Refuse (409) unless the policy is at this revision."),
+        token: str | None = TOKEN_OPTION,
+        if_match: int | None = typer.Option(None, "--if-match", help="Refuse (409) unless the policy is at this revision."),
     ) -> None:
         """Change policy fields (PATCH /v1/policy); applies from the next round."""
         changes = parse_assignments(assignments)
@@ -261,7 +260,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def status(
         url: str = URL_OPTION,
-        watch: Optional[float] = typer.Option(None, help="Refresh every N seconds until Ctrl-C."),
+        watch: float | None = typer.Option(None, help="Refresh every N seconds until Ctrl-C."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw JSON instead of a table."),
     ) -> None:
         """Live stats of a running service (GET /v1/stats) as a table."""
@@ -285,4 +284,4 @@ def register(app: typer.Typer) -> None:
                 pass
 
 
-__all__ = ["register", "parse_assignments", "load_serve_config", "run_service", "status_table"]
+__all__ = ["load_serve_config", "parse_assignments", "register", "run_service", "status_table"]

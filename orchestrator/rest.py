@@ -73,7 +73,7 @@ class ServiceSettings(BaseModel):
     route_prefix: str = Field("/", pattern=r"^/", description="Route prefix of the application.")
     actor_name: str = Field(DEFAULT_NAME, min_length=1, description="Name of the orchestrator actor.")
     namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="Ray namespace of the orchestrator actor.")
-    auth_token: Optional[str] = Field(
+    auth_token: str | None = Field(
         None, description="Bearer token required on mutating endpoints; None reads $DSO_API_TOKEN (empty: no auth)."
     )
     auth_token_env: str = Field(TOKEN_ENV, description="Environment variable holding the token when auth_token is None.")
@@ -96,7 +96,7 @@ class ErrorResponse(BaseModel):
 
     error: str = Field(description="Kind: validation, invalid_json, invalid_policy, conflict, unauthorized, forbidden, not_found, ...")
     message: str = Field(description="What is wrong, naming the field, header or id.")
-    detail: Optional[list[dict[str, Any]]] = Field(None, description="Per-field validation errors (loc, msg, type).")
+    detail: list[dict[str, Any]] | None = Field(None, description="Per-field validation errors (loc, msg, type).")
 
 
 class FilterBody(FilterConfig):
@@ -104,7 +104,7 @@ class FilterBody(FilterConfig):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    band: Optional[Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
+    band: Annotated[list[float], Field(min_length=2, max_length=2)] | None = Field(
         None, description="Optional band-pass [lo, hi] on the group mean: keep only lo < mean < hi."
     )
 
@@ -126,7 +126,7 @@ def _optional_model(name: str, base: type[BaseModel], nested: dict[str, Any], do
             ann = Annotated[(info.annotation, *info.metadata)]
         else:
             ann = info.annotation
-        fields[fname] = (Optional[ann], Field(None, description=info.description))
+        fields[fname] = (Optional[ann], Field(None, description=info.description))  # noqa: UP045
     model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
     model.__doc__ = doc
     return model
@@ -149,7 +149,7 @@ class PolicyState(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     orchestrator: str = Field(description="The actor's name and namespace.")
-    message: Optional[str] = None
+    message: str | None = None
 
 
 class Stats(BaseModel):
@@ -173,11 +173,11 @@ class Stats(BaseModel):
     rollouts_total: int
     replenish_rounds: int
     cap_hits: int
-    keep_ratio: Optional[float] = Field(description="Informative / classified groups; null before any.")
+    keep_ratio: float | None = Field(description="Informative / classified groups; null before any.")
     predicted_keep_rate: float
-    mean_reward_all: Optional[float]
-    mean_reward_kept: Optional[float]
-    rollouts_per_emitted_group: Optional[float]
+    mean_reward_all: float | None
+    mean_reward_kept: float | None
+    rollouts_per_emitted_group: float | None
     rounds_per_batch: list[int]
     batch_id: int = Field(description="Id of the batch being filled.")
     policy_revision: int
@@ -197,8 +197,8 @@ class TaskHistory(BaseModel):
     rollouts: int
     correct: int
     mean: float = Field(description="Running mean reward of its rollouts.")
-    variance: Optional[float] = Field(description="Unbiased reward variance; null below 2 rollouts.")
-    pass_rate: Optional[float] = Field(description="Correct / rollouts; null before any.")
+    variance: float | None = Field(description="Unbiased reward variance; null below 2 rollouts.")
+    pass_rate: float | None = Field(description="Correct / rollouts; null before any.")
     consec_all_correct: int
     consec_all_wrong: int
     last_policy_version: int
@@ -243,7 +243,7 @@ class ActorClient:
                 self._handle = None  # restarted under the same name? look it up again
                 if attempt:
                     raise OrchestratorUnavailable(f"orchestrator actor {self.name!r} is unavailable: {type(err).__name__}") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError(f"orchestrator actor {self.name!r} did not answer {method} within "
                                    f"{timeout_s or self.timeout_s} s") from None
         raise AssertionError("unreachable")
@@ -329,12 +329,16 @@ def _if_match(value: str | None) -> int | None:
     if value is None or value.strip() == "*":
         return None
     v = value.strip()
-    if v.startswith("W/"):
-        v = v[2:]
+    v = v.removeprefix("W/")
     v = v.strip('"')
     if not v.isdigit():
         raise HTTPException(400, f"If-Match: expected one revision such as '\"3\"', got {value!r}")
     return int(v)
+
+
+_BEARER = HTTPBearer(auto_error=False, description="Required on mutating endpoints when the service has a token.")
+BearerAuth = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+"""Documents the bearer scheme in OpenAPI; :class:`Guard` enforces it before routing."""
 
 
 def create_app(settings: ServiceSettings | None = None, client: ActorClient | None = None) -> FastAPI:
@@ -342,7 +346,6 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     settings = settings or ServiceSettings()
     client = client or ActorClient(settings.actor_name, settings.namespace, settings.actor_timeout_s)
     token = settings.token()
-    bearer = HTTPBearer(auto_error=False, description="Required on mutating endpoints when the service has a token.")
     app = FastAPI(
         title="trinity-dso orchestrator",
         version="1",
@@ -421,8 +424,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         body: PolicyBody,
         request: Request,
         response: Response,
-        if_match: Optional[str] = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
-        _auth: Optional[HTTPAuthorizationCredentials] = Security(bearer),
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        _auth: BearerAuth = None,
     ) -> PolicyState:
         """Replace the whole policy (omitted fields take their defaults); applies from the next round."""
         state = await write_policy(request, body.model_dump(mode="json"), True, if_match)
@@ -434,8 +437,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         body: PolicyPatch,  # type: ignore[valid-type]
         request: Request,
         response: Response,
-        if_match: Optional[str] = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
-        _auth: Optional[HTTPAuthorizationCredentials] = Security(bearer),
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        _auth: BearerAuth = None,
     ) -> PolicyState:
         """Change the given fields (``filter`` merged key by key); applies from the next round."""
         changes = body.model_dump(mode="json", exclude_unset=True)
@@ -446,13 +449,13 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
 
     @app.post("/v1/replenish/pause", response_model=PolicyState, tags=["policy"])
     async def pause(request: Request, response: Response,
-                    _auth: Optional[HTTPAuthorizationCredentials] = Security(bearer)) -> PolicyState:
+                    _auth: BearerAuth = None) -> PolicyState:
         """Start no further replenish rounds (a policy change: the revision is bumped)."""
         return await policy_response(await write_policy(request, {"replenish_paused": True}, False, None), response)
 
     @app.post("/v1/replenish/resume", response_model=PolicyState, tags=["policy"])
     async def resume(request: Request, response: Response,
-                     _auth: Optional[HTTPAuthorizationCredentials] = Security(bearer)) -> PolicyState:
+                     _auth: BearerAuth = None) -> PolicyState:
         """Start replenish rounds again (a policy change: the revision is bumped)."""
         return await policy_response(await write_policy(request, {"replenish_paused": False}, False, None), response)
 
@@ -548,16 +551,16 @@ class ComponentConfig(BaseModel):
         "rollout: 'scripted' (scripted rewards), 'factory', or 'none' (groups are submitted from outside).",
     )
     count: int = Field(64, ge=1, description="scripted tasks: number of task ids t0..t{count-1}.")
-    ids: Optional[list[str]] = Field(None, description="scripted tasks: explicit task ids (overrides count).")
+    ids: list[str] | None = Field(None, description="scripted tasks: explicit task ids (overrides count).")
     mix: dict[Literal["informative", "all_correct", "all_wrong"], float] = Field(
         default_factory=lambda: {"informative": 0.4, "all_correct": 0.3, "all_wrong": 0.3},
         description="scripted rollouts: share of each kind of group (each task cycles through 4 draws).",
     )
-    script: Optional[dict[str, list[list[float]]]] = Field(None, description="scripted rollouts: explicit reward vectors per task.")
-    default: Optional[list[float]] = Field(None, description="scripted rollouts: reward vector of unscripted tasks.")
+    script: dict[str, list[list[float]]] | None = Field(None, description="scripted rollouts: explicit reward vectors per task.")
+    default: list[float] | None = Field(None, description="scripted rollouts: reward vector of unscripted tasks.")
     seed: int = Field(0, description="Seed of scripted draws / the default task set.")
     size: int = Field(200, ge=1, description="default task set: number of tasks.")
-    factory: Optional[str] = Field(None, description="'module:callable' called with kwargs (and task_set= for rollouts).")
+    factory: str | None = Field(None, description="'module:callable' called with kwargs (and task_set= for rollouts).")
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -573,8 +576,8 @@ class OrchestratorConfig(BaseModel):
     policy: dict[str, Any] = Field(default_factory=dict, description="Initial resampling policy (orchestrator.policy).")
     tasks: ComponentConfig = Field(default_factory=ComponentConfig)
     rollout: ComponentConfig = Field(default_factory=ComponentConfig)
-    sink: Optional[str] = Field(None, description="SQLite file for emitted batches (orchestrator.sink.SQLiteSink).")
-    checkpoint_path: Optional[str] = Field(None, description="JSON checkpoint; a restarted actor resumes from it.")
+    sink: str | None = Field(None, description="SQLite file for emitted batches (orchestrator.sink.SQLiteSink).")
+    checkpoint_path: str | None = Field(None, description="JSON checkpoint; a restarted actor resumes from it.")
     seed: int = 0
 
 
@@ -585,14 +588,14 @@ class DriverConfig(BaseModel):
 
     enabled: bool = False
     interval_s: float = Field(1.0, ge=0, description="Pause between batches, in seconds.")
-    max_batches: Optional[int] = Field(None, ge=1, description="Stop after this many batches; None: until stopped.")
+    max_batches: int | None = Field(None, ge=1, description="Stop after this many batches; None: until stopped.")
 
 
 class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    address: Optional[str] = Field(None, description="None: start a local Ray; 'auto' or 'ray://...': join a cluster.")
-    num_cpus: Optional[int] = Field(None, ge=1, description="CPUs of a local Ray (None: all).")
+    address: str | None = Field(None, description="None: start a local Ray; 'auto' or 'ray://...': join a cluster.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all).")
 
 
 class ServeConfig(BaseModel):
@@ -601,7 +604,7 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ray: RayConfig = Field(default_factory=RayConfig)
-    orchestrator: Optional[OrchestratorConfig] = Field(default_factory=OrchestratorConfig)
+    orchestrator: OrchestratorConfig | None = Field(default_factory=OrchestratorConfig)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     driver: DriverConfig = Field(default_factory=DriverConfig)
 
@@ -666,7 +669,7 @@ def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
         from orchestrator.sink import SQLiteSink
 
         sink = SQLiteSink(cfg.sink)
-    kwargs = dict(sink=sink, checkpoint_path=cfg.checkpoint_path, metrics=DSOMetrics(), seed=cfg.seed)
+    kwargs = {"sink": sink, "checkpoint_path": cfg.checkpoint_path, "metrics": DSOMetrics(), "seed": cfg.seed}
     return (policy, task_set, source), kwargs
 
 

@@ -78,7 +78,7 @@ def test_compose_volumes_exist_and_are_declared(compose):
                 used.add(v.split(":")[0])
     assert used == named, f"named volumes used {used} vs declared {named}"
     # the config the ray-head command reads is the one mounted
-    targets = dict((t, s) for s, t in bind_mounts(services["ray-head"]))
+    targets = {t: s for s, t in bind_mounts(services["ray-head"])}
     assert targets["/etc/trinity-dso/service.yaml"] == "./deploy/compose/service.yaml"
     assert "/etc/trinity-dso/service.yaml" in services["ray-head"]["command"][2]
     dockerfile = ROOT / services["ray-head"]["build"]["dockerfile"]
@@ -86,7 +86,7 @@ def test_compose_volumes_exist_and_are_declared(compose):
 
 
 def test_prometheus_scrapes_the_rest_service_by_compose_name(compose):
-    prom_mounts = dict((t, s) for s, t in bind_mounts(compose["services"]["prometheus"]))
+    prom_mounts = {t: s for s, t in bind_mounts(compose["services"]["prometheus"])}
     cfg = load(ROOT / prom_mounts["/etc/prometheus/prometheus.yml"])
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     dso = jobs["trinity-dso"]
@@ -98,7 +98,7 @@ def test_prometheus_scrapes_the_rest_service_by_compose_name(compose):
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_prometheus(compose):
-    mounts = dict((t, s) for s, t in bind_mounts(compose["services"]["grafana"]))
+    mounts = {t: s for s, t in bind_mounts(compose["services"]["grafana"])}
     prov = ROOT / mounts["/etc/grafana/provisioning"]
     ds = load(prov / "datasources" / "prometheus.yml")["datasources"][0]
     assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090"

@@ -141,9 +141,8 @@ def test_anchor_and_redis_hooks_record_into_the_current_metrics():
     M.observe_redis_op("insert", 0.002)
     M.observe_redis_op("insert", 0.2, error=True)
     M.observe_redis_op("weird-op", 0.001)
-    with pytest.raises(ConnectionError):
-        with M.redis_op("query"):
-            raise ConnectionError("down")
+    with pytest.raises(ConnectionError), M.redis_op("query"):
+        raise ConnectionError("down")
     M.set_anchor_stats(12, [1, 3, 8])
     s = samples(m.exposition())
     assert value(s, "dso_redis_op_duration_seconds_count", op="insert") == 2
@@ -211,7 +210,7 @@ def test_scrape_before_and_after_a_scripted_batch_differs_by_exactly_its_counts(
 
 
 def test_rest_policy_change_shows_in_the_scrape(live):
-    handle, client = live
+    _handle, client = live
     assert value(scrape(client), "dso_resampling_policy_revision") == 0
     r = client.patch("/v1/policy", json={"target_groups": 3}, headers={"Authorization": f"Bearer {DSO_TOKEN}"})
     assert r.status_code == 200
@@ -254,7 +253,7 @@ def test_a_real_prometheus_scrapes_the_service(live, tmp_path, dso_service):
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("prometheus binary not installed (Debian: apt-get install prometheus)")
-    handle, client = live
+    handle, _client = live
     ray.get(handle.next_batch.remote())
     ray.get(handle.next_batch.remote())
     target = dso_service.url.removeprefix("http://")

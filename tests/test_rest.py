@@ -38,7 +38,9 @@ def revision(http) -> int:
 def test_healthz_and_openapi(orch, http):
     r = http.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "ok"
-    paths = http.get("/openapi.json").json()["paths"]
+    spec = http.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    paths = spec["paths"]
     for p in ("/v1/policy", "/v1/stats", "/v1/tasks/{task_id}", "/v1/replenish/pause", "/v1/replenish/resume",
               "/healthz", "/metrics"):
         assert p in paths
@@ -94,12 +96,12 @@ def test_invalid_put_is_422(orch, http):
 
 def test_bad_bodies_are_4xx_and_service_keeps_running(orch, http):
     cases = [
-        (dict(content=b'{"target_groups": 3', headers={"Content-Type": "application/json"}), 400, "malformed JSON"),
-        (dict(content=b"[1, 2]", headers={"Content-Type": "application/json"}), 422, "body"),
-        (dict(content=b"", headers={"Content-Type": "application/json"}), 422, "body"),
-        (dict(json={}), 400, "no field to change"),
-        (dict(content=b"target_groups=3", headers={"Content-Type": "text/plain"}), 415, "Content-Type"),
-        (dict(json={"filter": {"judge": "x" * 70_000}}), 413, "exceeds the limit"),
+        ({"content": b'{"target_groups": 3', "headers": {"Content-Type": "application/json"}}, 400, "malformed JSON"),
+        ({"content": b"[1, 2]", "headers": {"Content-Type": "application/json"}}, 422, "body"),
+        ({"content": b"", "headers": {"Content-Type": "application/json"}}, 422, "body"),
+        ({"json": {}}, 400, "no field to change"),
+        ({"content": b"target_groups=3", "headers": {"Content-Type": "text/plain"}}, 415, "Content-Type"),
+        ({"json": {"filter": {"judge": "x" * 70_000}}}, 413, "exceeds the limit"),
     ]
     for kwargs, status, words in cases:
         kwargs.setdefault("headers", {})
