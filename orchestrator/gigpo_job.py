@@ -15,6 +15,12 @@
 4. has ``workers`` processes (``spawn``) query the index for the step advantages (Eq. 7) of
    their share of the tasks, and combines ``A = A^E + omega * A^S`` (Eq. 8);
 5. checks the result against the pure function on the whole batch and returns a summary.
+
+Given a running orchestrator actor (``run_gigpo_job(..., orchestrator=actor)``), steps 3-4 use
+the actor's anchor index instead (issue 3: the actor owns the index): the batch key is
+registered with the actor, ``workers`` Ray tasks open the index from the actor's
+``anchor_spec()`` (Redis directly, the memory index through the actor), and the batch is
+dropped through the actor.
 """
 
 from __future__ import annotations
@@ -152,6 +158,18 @@ def _query_shard(
     return rows, adv, time.perf_counter() - t0
 
 
+def _insert_shard_spec(spec: dict, actor: Any, batch_key: str, steps: list[AnchorStep]) -> float:
+    from orchestrator.actor import anchor_index_from_spec
+
+    return _insert_shard(anchor_index_from_spec(spec, actor), batch_key, steps)
+
+
+def _query_shard_spec(spec: dict, actor: Any, batch_key: str, *args: Any) -> tuple[np.ndarray, np.ndarray, float]:
+    from orchestrator.actor import anchor_index_from_spec
+
+    return _query_shard(anchor_index_from_spec(spec, actor), batch_key, *args)
+
+
 def run_gigpo_job(
     cfg: GiGPOJobConfig | None = None,
     *,
@@ -159,6 +177,7 @@ def run_gigpo_job(
     engine: Any = None,
     return_experiences: bool = False,
     log: Callable[[str], None] | None = None,
+    orchestrator: Any = None,
 ) -> dict[str, Any]:
     """Run one GiGPO batch (see the module docstring) and summarise it.
 
@@ -170,6 +189,13 @@ def run_gigpo_job(
         return_experiences: also return the experiences, each with ``info["advantage"]``,
             ``info["episode_advantage"]``, ``info["step_advantage"]`` and ``info["return"]``.
         log: optional progress callback (one line per phase).
+        orchestrator: a running :class:`~orchestrator.actor.Orchestrator` actor created with
+            ``anchor_index``: the job then uses *its* index (``cfg.redis_url``, ``prefix`` and
+            ``ttl_s`` are ignored; ``backend`` reports the actor's), registers the batch key
+            with it, and runs ``cfg.workers`` Ray tasks (``ray`` must be initialised) that open
+            the index from ``anchor_spec()`` - Redis directly, the memory index through the
+            actor - instead of spawned processes. The batch is dropped through the actor
+            (``anchor_drop``, which records the group sizes in its metrics) unless ``keep_batch``.
     Returns:
         ``{"algo": "gigpo", "backend": "memory"|"redis", "workers", "batch_key", "tasks",
         "trajectories", "steps", "anchor_groups", "anchor_group_fraction" (fraction of steps
@@ -197,7 +223,7 @@ def run_gigpo_job(
     else:
         act = random_act(cfg.seed, invalid_prob=cfg.invalid_prob)
     try:
-        result = _run(cfg, act, say, t_start, return_experiences)
+        result = _run(cfg, act, say, t_start, return_experiences, orchestrator)
     finally:
         if started_engine is not None:
             import ray
@@ -227,8 +253,81 @@ def _start_vllm_engine(cfg: GiGPOJobConfig, say: Callable[[str], None]) -> Any:
     return start_engine(model_dir, seed=cfg.seed)
 
 
+def _index_phase_actor(
+    actor: Any,
+    cfg: GiGPOJobConfig,
+    batch_key: str,
+    steps: list[AnchorStep],
+    task_list: list[str],
+    task_ids: np.ndarray,
+    hashes: np.ndarray,
+    returns: np.ndarray,
+    say: Callable[[str], None],
+) -> tuple[str, np.ndarray, float, float, float]:
+    """Fill and query the orchestrator actor's anchor index with ``cfg.workers`` Ray tasks.
+
+    Same sharding as the process-pool path: trajectory-interleaved insert shards (each anchor
+    group written concurrently by several workers), task-partitioned queries.
+
+    Returns:
+        backend (``"memory"`` | ``"redis"``), step advantages (S,), and the seconds of worker
+        start, index writes and queries.
+    """
+    import ray
+
+    spec = ray.get(actor.anchor_spec.remote())
+    backend = spec["backend"]
+    ray.get(actor.anchor_register.remote(batch_key))
+    ping = ray.remote(num_cpus=0)(_ping)
+    insert = ray.remote(num_cpus=0)(_insert_shard_spec)
+    query = ray.remote(num_cpus=0)(_query_shard_spec)
+    step_adv = np.full(len(steps), np.nan)
+    try:
+        t0 = time.perf_counter()
+        pids = set(ray.get([ping.remote(i) for i in range(2 * cfg.workers)]))
+        t_workers = time.perf_counter() - t0
+        say(f"workers: {cfg.workers} Ray tasks ({len(pids)} processes warmed up) in {t_workers:.2f}s")
+        t0 = time.perf_counter()
+        traj, _ = encode_keys(task_ids, np.array([s.run for s in steps]))
+        shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
+        ray.get([insert.remote(spec, actor, batch_key, shard) for shard in shards])
+        done = ray.get(actor.anchor_completed_runs.remote(batch_key))
+        incomplete = {t: done.get(t, 0) for t in task_list if done.get(t, 0) != cfg.n}
+        if incomplete:
+            raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
+        t_write = time.perf_counter() - t0
+        say(f"index ({backend}, the orchestrator's): {len(steps)} steps written in {t_write:.2f}s")
+        t0 = time.perf_counter()
+        task_code, _ = encode_keys(task_ids)
+        jobs = []
+        for w in range(cfg.workers):
+            rows = np.flatnonzero(task_code % cfg.workers == w)
+            if rows.size:
+                jobs.append(
+                    query.remote(
+                        spec, actor, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(), returns[rows],
+                        cfg.gigpo.norm, cfg.gigpo.eps, cfg.n,
+                    )
+                )
+        for rows, adv, _ in ray.get(jobs):
+            step_adv[rows] = adv
+        t_adv = time.perf_counter() - t0
+    finally:
+        if not cfg.keep_batch:
+            try:
+                ray.get(actor.anchor_drop.remote(batch_key))
+            except Exception as exc:  # noqa: BLE001 - the job's own error matters more
+                say(f"could not drop batch {batch_key!r} from the orchestrator's index: {exc}")
+    return backend, step_adv, t_workers, t_write, t_adv
+
+
 def _run(
-    cfg: GiGPOJobConfig, act: Act, say: Callable[[str], None], t_start: float, return_experiences: bool
+    cfg: GiGPOJobConfig,
+    act: Act,
+    say: Callable[[str], None],
+    t_start: float,
+    return_experiences: bool,
+    orchestrator: Any = None,
 ) -> dict[str, Any]:
     g = cfg.gigpo
     batch_key = cfg.batch_key or f"gigpo-{cfg.seed}-{uuid.uuid4().hex[:8]}"
@@ -254,59 +353,64 @@ def _run(
     steps = steps_for_index(exps, pure.returns)
     t_returns = time.perf_counter() - t0
 
-    index = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
-    backend = "redis" if cfg.redis_url else "memory"
-    ctx = mp.get_context("spawn")
-    step_adv = np.full(len(exps), np.nan)
-    try:
-        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=ctx) as pool:
-            t0 = time.perf_counter()
-            pids: set[int] = set()
-            for _ in range(20):  # start (and import in) every worker before timing the work
-                pids |= set(pool.map(_ping, range(2 * cfg.workers)))
-                if len(pids) >= cfg.workers:
-                    break
-            t_workers = time.perf_counter() - t0
-            say(f"workers: {len(pids)} processes started in {t_workers:.2f}s")
-            t0 = time.perf_counter()
-            if backend == "redis":
-                # trajectory-interleaved shards: the same anchor group is written concurrently
-                traj, _ = encode_keys(task_ids, np.array([e.eid.run for e in exps]))
-                shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
-                list(pool.map(_insert_shard, [index] * cfg.workers, [batch_key] * cfg.workers, shards))
-            else:
-                index.insert(batch_key, steps)
-            done = index.completed_runs(batch_key)
-            incomplete = {t.task_id: done.get(t.task_id, 0) for t in tasks if done.get(t.task_id, 0) != cfg.n}
-            if incomplete:
-                raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
-            t_write = time.perf_counter() - t0
-            say(f"index ({backend}): {len(steps)} steps written in {t_write:.2f}s")
+    if orchestrator is not None:
+        backend, step_adv, t_workers, t_write, t_adv = _index_phase_actor(
+            orchestrator, cfg, batch_key, steps, [t.task_id for t in tasks], task_ids, hashes, pure.returns, say
+        )
+    else:
+        index = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
+        backend = "redis" if cfg.redis_url else "memory"
+        ctx = mp.get_context("spawn")
+        step_adv = np.full(len(exps), np.nan)
+        try:
+            with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=ctx) as pool:
+                t0 = time.perf_counter()
+                pids: set[int] = set()
+                for _ in range(20):  # start (and import in) every worker before timing the work
+                    pids |= set(pool.map(_ping, range(2 * cfg.workers)))
+                    if len(pids) >= cfg.workers:
+                        break
+                t_workers = time.perf_counter() - t0
+                say(f"workers: {len(pids)} processes started in {t_workers:.2f}s")
+                t0 = time.perf_counter()
+                if backend == "redis":
+                    # trajectory-interleaved shards: the same anchor group is written concurrently
+                    traj, _ = encode_keys(task_ids, np.array([e.eid.run for e in exps]))
+                    shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
+                    list(pool.map(_insert_shard, [index] * cfg.workers, [batch_key] * cfg.workers, shards))
+                else:
+                    index.insert(batch_key, steps)
+                done = index.completed_runs(batch_key)
+                incomplete = {t.task_id: done.get(t.task_id, 0) for t in tasks if done.get(t.task_id, 0) != cfg.n}
+                if incomplete:
+                    raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
+                t_write = time.perf_counter() - t0
+                say(f"index ({backend}): {len(steps)} steps written in {t_write:.2f}s")
 
-            t0 = time.perf_counter()
-            task_code, _ = encode_keys(task_ids)
-            futures = []
-            for w in range(cfg.workers):
-                rows = np.flatnonzero(task_code % cfg.workers == w)
-                if rows.size == 0:
-                    continue
-                futures.append(
-                    pool.submit(
-                        _query_shard, index, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(),
-                        pure.returns[rows], g.norm, g.eps, cfg.n,
+                t0 = time.perf_counter()
+                task_code, _ = encode_keys(task_ids)
+                futures = []
+                for w in range(cfg.workers):
+                    rows = np.flatnonzero(task_code % cfg.workers == w)
+                    if rows.size == 0:
+                        continue
+                    futures.append(
+                        pool.submit(
+                            _query_shard, index, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(),
+                            pure.returns[rows], g.norm, g.eps, cfg.n,
+                        )
                     )
-                )
-            for f in futures:
-                rows, adv, _ = f.result()
-                step_adv[rows] = adv
-            t_adv = time.perf_counter() - t0
-    finally:
-        if not cfg.keep_batch:
-            try:
-                index.drop(batch_key)
-            except Exception as exc:  # noqa: BLE001 - the job's own error matters more
-                say(f"could not drop batch {batch_key!r} from the index: {exc}")
-        index.close()
+                for f in futures:
+                    rows, adv, _ = f.result()
+                    step_adv[rows] = adv
+                t_adv = time.perf_counter() - t0
+        finally:
+            if not cfg.keep_batch:
+                try:
+                    index.drop(batch_key)
+                except Exception as exc:  # noqa: BLE001 - the job's own error matters more
+                    say(f"could not drop batch {batch_key!r} from the index: {exc}")
+            index.close()
 
     advantages = pure.episode + g.omega * step_adv
     diff = float(np.max(np.abs(advantages - pure.advantages))) if len(exps) else 0.0

@@ -321,3 +321,21 @@ def test_two_ray_workers_on_redis_via_the_spec_get_the_pure_advantages(make_acto
     assert st["entries"] == len(steps) and st["tracked_batches"] == {"b": 0}
     assert ray.get(actor.anchor_drop.remote("b")) == len(steps)
     assert ray.get(actor.anchor_stats.remote())["batches"] == 0
+
+
+# --------------------------------------------------------------------------- the GiGPO job through the actor
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_gigpo_job_runs_through_the_actors_index(make_actor, request, backend):
+    from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+
+    cfg = {}
+    if backend == "redis":
+        cfg = {"redis_url": request.getfixturevalue("redis_url"), "prefix": request.getfixturevalue("redis_namespace")}
+    actor = make_actor(cfg)
+    res = run_gigpo_job(GiGPOJobConfig(tasks=3, n=4, max_steps=6, workers=2, seed=1), orchestrator=actor)
+    assert res["backend"] == backend and res["steps"] > 0
+    assert res["max_abs_diff_vs_pure"] <= 1e-9  # the job also raises beyond check_tol
+    st = ray.get(actor.anchor_stats.remote())
+    assert st["batches"] == 0 and st["tracked_batches"] == {}  # dropped through the actor
