@@ -34,6 +34,10 @@ from orchestrator.tasks import UnknownTaskError
 from orchestrator.types import Batch, Experience, ExperienceId, Group, Purpose
 
 
+ROUNDS_KEPT = 256
+"""Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
+
+
 class ReplenishCapError(RuntimeError):
     """The replenish-round cap was hit under ``on_cap='raise'``. The open batch is kept."""
 
@@ -359,7 +363,7 @@ class OrchestratorCore:
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
         rounds = max(0, self.rounds_started - 1)
-        self.rounds_per_batch.append(rounds)
+        self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
         batch = Batch(self.batch_id, groups + padding, partial=partial, rounds=rounds, policy_version=self.model_version)
         self.batch_id += 1
         self.rounds_started = 0
