@@ -10,15 +10,10 @@ Find it by name from any driver or Trinity component::
     actor = ray.get_actor("dso-orchestrator", namespace="trinity-dso")
 
 Anchor index (GiGPO, issue 3): created with ``anchor_index={"redis_url": ..., "prefix": ...,
-"ttl_s": ..., "max_age_versions": ...}`` (:class:`AnchorIndexConfig`), the actor owns the
-index's lifecycle: creation, the batch keys in use and the policy version each was opened
-at, completion queries, expiry and stats (fed to the metrics). Advantage workers open the
-same index from :meth:`Orchestrator.anchor_spec` with :func:`anchor_index_from_spec`: a Redis
-index is then queried directly (not through the actor); the in-process memory index is
-served by the actor (:class:`ActorAnchorIndex` forwards each call)::
-
-    index = orchestrator_anchor_index(actor)      # RedisAnchorIndex or ActorAnchorIndex
-    index.insert(batch_key, steps); index.step_advantages(batch_key, tasks, hashes, returns)
+"ttl_s": ..., "max_age_versions": ...}``, the actor holds an
+:class:`~orchestrator.anchor_owner.AnchorIndexOwner` (its lifecycle, expiry, stats and
+checkpoint part) and forwards its ``anchor_*`` methods to it; workers open the index with
+:func:`orchestrator.anchor_owner.orchestrator_anchor_index`.
 """
 
 from __future__ import annotations
@@ -35,16 +30,13 @@ from typing import Any
 
 import numpy as np
 import ray
-from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import Norm
-from orchestrator.anchor_index import (
-    AnchorIndex,
-    AnchorIndexError,
-    AnchorStep,
-    MemoryAnchorIndex,
-    RedisAnchorIndex,
-    make_anchor_index,
+from orchestrator.anchor_index import AnchorIndex, AnchorStep
+from orchestrator.anchor_owner import (
+    AnchorIndexConfig,
+    AnchorIndexNotConfiguredError,
+    AnchorIndexOwner,
 )
 from orchestrator.core import OrchestratorCore, RoundPlan
 from orchestrator.policy import InvalidPolicyError, ResamplingPolicy
@@ -58,36 +50,6 @@ log = logging.getLogger("trinity_dso.actor")
 
 class PolicyConflictError(ValueError):
     """A policy write based on a stale revision (the REST layer maps it to 409)."""
-
-
-class AnchorIndexNotConfiguredError(RuntimeError):
-    """An ``anchor_*`` call on an orchestrator created without ``anchor_index``."""
-
-
-class AnchorIndexConfig(BaseModel):
-    """Settings of the orchestrator's anchor-state index (GiGPO step advantages, issue 3).
-
-    Attributes:
-        redis_url: ``redis://[:password@]host:port/db`` for a
-            :class:`~orchestrator.anchor_index.RedisAnchorIndex` that workers open themselves;
-            None for an in-process :class:`~orchestrator.anchor_index.MemoryAnchorIndex`
-            inside the actor, served through the actor's ``anchor_*`` methods.
-        prefix: Redis key namespace (e.g. ``dso:<run name>``); unused by the memory index.
-        ttl_s: seconds a batch's data live after its last write (Redis key expiry; the
-            memory index drops batches idle this long), > 0. The backstop for batches the
-            actor never heard of or forgot.
-        max_age_versions: drop a batch key once the model weights (policy) version is more
-            than this many versions past the version the batch was opened at (``>= 0``; 0
-            keeps only batches of the current version). None: no version-based expiry, only
-            ``ttl_s``.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    redis_url: str | None = None
-    prefix: str = Field("dso", min_length=1)
-    ttl_s: float = Field(6 * 3600.0, gt=0)
-    max_age_versions: int | None = Field(None, ge=0)
 
 
 class Orchestrator:
@@ -106,8 +68,9 @@ class Orchestrator:
             ``observe_redis_op`` (:class:`orchestrator.metrics.DSOMetrics`), the anchor index
             feeds them.
         seed: seeds the task order.
-        anchor_index: an :class:`AnchorIndexConfig` (or its dict) to create and own an anchor
-            index; None (default) for none (the ``anchor_*`` methods then raise
+        anchor_index: an :class:`~orchestrator.anchor_owner.AnchorIndexConfig` (or its dict)
+            to create and own an anchor index (through an :class:`AnchorIndexOwner`); None
+            (default) for none (the ``anchor_*`` methods then raise
             :class:`AnchorIndexNotConfiguredError`).
     Raises:
         pydantic.ValidationError: invalid ``anchor_index`` settings.
@@ -134,19 +97,23 @@ class Orchestrator:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
-        self.anchor_config: AnchorIndexConfig | None = None
-        self.anchor: AnchorIndex | None = None
-        self._anchor_batches: dict[str, int] = {}  # batch key -> policy version it was opened at
+        self.anchors: AnchorIndexOwner | None = None
         if anchor_index is not None:
-            cfg = anchor_index if isinstance(anchor_index, AnchorIndexConfig) else AnchorIndexConfig.model_validate(anchor_index)
-            self.anchor_config = cfg
-            self.anchor = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
+            self.anchors = AnchorIndexOwner(
+                anchor_index, version=lambda: self.core.model_version, metrics=metrics, on_change=self._checkpoint
+            )
         if self.checkpoint_path and self.checkpoint_path.exists():
             saved = json.loads(self.checkpoint_path.read_text())
             self.core.load_state_dict(saved)
-            self._anchor_batches = {str(k): int(v) for k, v in saved.get("anchor_batches", {}).items()}
+            if self.anchors is not None:
+                self.anchors.load_state_dict(saved)
             log.info("resumed from %s at batch %d", self.checkpoint_path, self.core.batch_id)
         self._observe()
+
+    @property
+    def anchor(self) -> AnchorIndex | None:
+        """The anchor index (None without ``anchor_index``)."""
+        return self.anchors.index if self.anchors is not None else None
 
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
@@ -162,8 +129,8 @@ class Orchestrator:
         tmp = self.checkpoint_path.with_suffix(".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
         state = self.core.state_dict()
-        if self.anchor is not None:
-            state["anchor_batches"] = dict(self._anchor_batches)
+        if self.anchors is not None:
+            state.update(self.anchors.state_dict())
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.checkpoint_path)
 
@@ -327,90 +294,36 @@ class Orchestrator:
         exposition = getattr(self.metrics, "exposition", None)
         if exposition is None:
             return ""
-        if self.anchor is not None:
-            try:
-                self.anchor_stats()
-            except AnchorIndexError as exc:
-                log.warning("anchor index stats for the metrics failed: %s", exc)
+        if self.anchors is not None:
+            self.anchors.refresh_metrics()
         return exposition()
 
     # ------------------------------------------------------------- anchor index
-    def _index(self) -> AnchorIndex:
-        if self.anchor is None:
+    def _anchor_owner(self) -> AnchorIndexOwner:
+        if self.anchors is None:
             raise AnchorIndexNotConfiguredError(
                 "anchor_index: this orchestrator was created without an anchor index "
                 "(pass anchor_index={'redis_url': ..., 'prefix': ..., 'ttl_s': ...}, or {} for memory)"
             )
-        return self.anchor
-
-    def _anchor_call(self, op: str, fn: Any) -> Any:
-        """Run ``fn(index)``; for a Redis index record its latency/failure as ``op`` in the metrics."""
-        index = self._index()
-        observe = getattr(self.metrics, "observe_redis_op", None) if isinstance(index, RedisAnchorIndex) else None
-        t0 = time.perf_counter()
-        try:
-            out = fn(index)
-        except Exception:
-            if observe is not None:
-                observe(op, time.perf_counter() - t0, True)
-            raise
-        if observe is not None:
-            observe(op, time.perf_counter() - t0, False)
-        return out
-
-    def _group_sizes(self, batch_key: str) -> list[int]:
-        """Sizes of the anchor groups of one batch (for the group-size histogram).
-
-        Reads the index's storage directly (``MemoryAnchorIndex._batches``, the Redis
-        ``groups`` hash): :class:`AnchorIndex` has no public per-batch read of group sizes.
-        """
-        index = self._index()
-        if isinstance(index, MemoryAnchorIndex):
-            with index._lock:
-                b = index._batches.get(batch_key)
-                return [int(g[0]) for g in b.groups.values()] if b is not None else []
-        if isinstance(index, RedisAnchorIndex):
-            key = index._keys(batch_key)[2]
-            vals = index._read(f"group sizes of batch {batch_key!r}", lambda c: c.hvals(key))
-            return [int(v.split()[0]) for v in vals]
-        return []
-
-    def _retire(self, batch_key: str, op: str) -> int:
-        """Drop one batch: observe its final anchor-group sizes, delete it, forget its key."""
-        observe = getattr(self.metrics, "observe_anchor_group_sizes", None)
-        if observe is not None:
-            observe(self._anchor_call(op, lambda _i: self._group_sizes(batch_key)))
-        n = int(self._anchor_call(op, lambda i: i.drop(batch_key)))
-        self._anchor_batches.pop(batch_key, None)
-        return n
+        return self.anchors
 
     def _anchor_auto_expire(self) -> None:
-        cfg = self.anchor_config
-        if cfg is None or cfg.max_age_versions is None or not self._anchor_batches:
-            return
-        if min(self._anchor_batches.values()) < self.core.model_version - cfg.max_age_versions:
-            try:
-                self.anchor_expire()
-            except AnchorIndexError as exc:  # retried at the next change; TTL is the backstop
-                log.warning("anchor index expiry failed: %s", exc)
+        if self.anchors is not None:
+            self.anchors.auto_expire()
 
     def anchor_spec(self) -> dict:
         """What a worker needs to open this orchestrator's anchor index itself.
 
         Returns:
             ``{"backend": "redis", "redis_url", "prefix", "ttl_s"}`` (open it with
-            :func:`anchor_index_from_spec`; the URL includes any password), or
-            ``{"backend": "memory", "ttl_s"}``: the index lives in the actor and is reached
-            through its ``anchor_*`` methods (:class:`ActorAnchorIndex`).
+            :func:`~orchestrator.anchor_owner.anchor_index_from_spec`; the URL includes any
+            password), or ``{"backend": "memory", "ttl_s"}``: the index lives in the actor and
+            is reached through its ``anchor_*`` methods
+            (:class:`~orchestrator.anchor_owner.ActorAnchorIndex`).
         Raises:
-            AnchorIndexNotConfiguredError: no anchor index.
+            AnchorIndexNotConfiguredError: no anchor index (so do all ``anchor_*`` methods).
         """
-        index = self._index()
-        cfg = self.anchor_config
-        assert cfg is not None
-        if isinstance(index, RedisAnchorIndex):
-            return {"backend": "redis", "redis_url": cfg.redis_url, "prefix": cfg.prefix, "ttl_s": cfg.ttl_s}
-        return {"backend": "memory", "ttl_s": cfg.ttl_s}
+        return self._anchor_owner().spec()
 
     def anchor_register(self, batch_key: str, policy_version: int | None = None) -> int:
         """Record that ``batch_key`` is in use, for version-based expiry (idempotent).
@@ -425,11 +338,7 @@ class Orchestrator:
         Returns:
             The version recorded for ``batch_key``.
         """
-        self._index()
-        if batch_key not in self._anchor_batches:
-            self._anchor_batches[batch_key] = int(self.core.model_version if policy_version is None else policy_version)
-            self._checkpoint()
-        return self._anchor_batches[batch_key]
+        return self._anchor_owner().register(batch_key, policy_version)
 
     def anchor_insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
         """Insert steps into the index (see :meth:`AnchorIndex.insert`); registers ``batch_key``.
@@ -441,9 +350,7 @@ class Orchestrator:
         Raises:
             ValueError, AnchorConflictError, AnchorIndexError: as :meth:`AnchorIndex.insert`.
         """
-        recs = [s if isinstance(s, AnchorStep) else AnchorStep(**s) for s in steps]
-        self.anchor_register(batch_key)
-        return int(self._anchor_call("insert", lambda i: i.insert(batch_key, recs)))
+        return self._anchor_owner().insert(batch_key, steps)
 
     def anchor_step_advantages(
         self,
@@ -465,18 +372,19 @@ class Orchestrator:
         Raises:
             AnchorIndexError: unknown/incomplete group or task, lost batch, backend failure.
         """
-        return self._anchor_call(
-            "query",
-            lambda i: i.step_advantages(batch_key, tasks, state_hashes, returns, norm=norm, eps=eps, n_runs=n_runs),
-        )
+        return self._anchor_owner().step_advantages(batch_key, tasks, state_hashes, returns, norm=norm, eps=eps, n_runs=n_runs)
 
     def anchor_completed_runs(self, batch_key: str) -> dict[str, int]:
         """Complete runs per task of ``batch_key`` (``{}`` for an unknown batch)."""
-        return self._anchor_call("complete", lambda i: i.completed_runs(batch_key))
+        return self._anchor_owner().completed_runs(batch_key)
 
     def anchor_completed(self, batch_key: str, task: str, n: int) -> bool:
         """True when ``task`` has exactly ``n`` complete runs (all steps up to ``last``) in ``batch_key``."""
-        return bool(self._anchor_call("complete", lambda i: i.is_complete(batch_key, task, n)))
+        return self._anchor_owner().completed(batch_key, task, n)
+
+    def anchor_group_sizes(self, batch_key: str) -> np.ndarray:
+        """Steps per anchor group of ``batch_key`` (:meth:`AnchorIndex.group_sizes`): (G,) int64, ascending."""
+        return self._anchor_owner().group_sizes(batch_key)
 
     def anchor_stats(self) -> dict:
         """The index's :meth:`AnchorIndex.stats` plus the actor's view; refreshes the metrics.
@@ -487,19 +395,7 @@ class Orchestrator:
             "policy_version", "max_age_versions", "ttl_s"}``. ``dso_anchor_index_entries``
             is set to ``groups`` (the metric counts anchor states).
         """
-        stats = dict(self._anchor_call("stats", lambda i: i.stats()))
-        set_entries = getattr(self.metrics, "set_anchor_entries", None)
-        if set_entries is not None:
-            set_entries(int(stats["groups"]))
-        cfg = self.anchor_config
-        assert cfg is not None
-        stats.update(
-            tracked_batches=dict(self._anchor_batches),
-            policy_version=self.core.model_version,
-            max_age_versions=cfg.max_age_versions,
-            ttl_s=cfg.ttl_s,
-        )
-        return stats
+        return self._anchor_owner().stats()
 
     def anchor_drop(self, batch_key: str) -> int:
         """Forget one batch (its sizes go to ``dso_anchor_group_size`` first).
@@ -507,9 +403,7 @@ class Orchestrator:
         Returns:
             The number of steps it held (0 when unknown).
         """
-        n = self._retire(batch_key, "delete")
-        self._checkpoint()
-        return n
+        return self._anchor_owner().drop(batch_key)
 
     def anchor_expire(self, max_age_versions: int | None = None) -> list[str]:
         """Drop every tracked batch opened more than ``max_age_versions`` policy versions ago.
@@ -524,94 +418,7 @@ class Orchestrator:
         Returns:
             The dropped batch keys, sorted.
         """
-        self._index()
-        k = self.anchor_config.max_age_versions if max_age_versions is None else int(max_age_versions)
-        if k is None:
-            return []
-        cutoff = self.core.model_version - k
-        old = sorted(b for b, v in self._anchor_batches.items() if v < cutoff)
-        for b in old:
-            self._retire(b, "expire")
-        if old:
-            log.info("anchor index: expired %d batches older than %d versions: %s", len(old), k, old)
-            self._checkpoint()
-        return old
-
-
-class ActorAnchorIndex(AnchorIndex):
-    """An :class:`AnchorIndex` whose calls go to an orchestrator actor's index (memory backend).
-
-    Picklable (it holds an actor handle), so Ray tasks and actors can use it. Each call is
-    one actor round trip; ``step_advantages`` is computed in the actor.
-
-    Args:
-        actor: handle of an :class:`Orchestrator` actor created with ``anchor_index``.
-    """
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    def _where(self) -> str:
-        return "ActorAnchorIndex"
-
-    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
-        return int(ray.get(self.actor.anchor_insert.remote(batch_key, list(steps))))
-
-    def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
-        raise NotImplementedError("ActorAnchorIndex forwards step_advantages to the actor")
-
-    def step_advantages(  # type: ignore[override]
-        self,
-        batch_key: str,
-        tasks: Sequence[str],
-        state_hashes: Sequence[str],
-        returns: Any,
-        *,
-        norm: Norm = "std",
-        eps: float = 1e-6,
-        n_runs: int | None = None,
-    ) -> np.ndarray:
-        return ray.get(
-            self.actor.anchor_step_advantages.remote(
-                batch_key, list(map(str, tasks)), list(map(str, state_hashes)), np.asarray(returns, dtype=np.float64),
-                norm=norm, eps=eps, n_runs=n_runs,
-            )
-        )
-
-    def completed_runs(self, batch_key: str) -> dict[str, int]:
-        return ray.get(self.actor.anchor_completed_runs.remote(batch_key))
-
-    def stats(self) -> dict[str, Any]:
-        return ray.get(self.actor.anchor_stats.remote())
-
-    def drop(self, batch_key: str) -> int:
-        return int(ray.get(self.actor.anchor_drop.remote(batch_key)))
-
-
-def anchor_index_from_spec(spec: dict, actor: Any = None) -> AnchorIndex:
-    """Open the index described by :meth:`Orchestrator.anchor_spec`.
-
-    Args:
-        spec: ``{"backend": "redis", "redis_url", "prefix", "ttl_s"}`` or ``{"backend": "memory", ...}``.
-        actor: the orchestrator actor; required for the memory backend.
-    Returns:
-        a :class:`RedisAnchorIndex` (direct Redis access) or an :class:`ActorAnchorIndex`.
-    Raises:
-        ValueError: memory backend without ``actor``, or an unknown backend.
-    """
-    backend = spec.get("backend")
-    if backend == "redis":
-        return RedisAnchorIndex(spec["redis_url"], prefix=spec["prefix"], ttl_s=float(spec["ttl_s"]))
-    if backend == "memory":
-        if actor is None:
-            raise ValueError("actor: the memory anchor index lives in the orchestrator actor; pass its handle")
-        return ActorAnchorIndex(actor)
-    raise ValueError(f"backend: unknown anchor index backend {backend!r} in spec {spec!r}")
-
-
-def orchestrator_anchor_index(actor: Any) -> AnchorIndex:
-    """The anchor index of a running orchestrator actor, opened from its ``anchor_spec()``."""
-    return anchor_index_from_spec(ray.get(actor.anchor_spec.remote()), actor)
+        return self._anchor_owner().expire(max_age_versions)
 
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=0)(Orchestrator)

@@ -134,6 +134,16 @@ class AnchorIndex(ABC):
         """Number of complete runs per task of ``batch_key``."""
 
     @abstractmethod
+    def group_sizes(self, batch_key: str) -> np.ndarray:
+        """Member count (steps) of each anchor group of ``batch_key``.
+
+        Returns:
+            (G,) int64, ascending; empty for an unknown batch (never written, dropped or expired).
+        Raises:
+            AnchorIndexError: backend failure.
+        """
+
+    @abstractmethod
     def stats(self) -> dict[str, Any]:
         """``{"batches", "entries" (steps), "groups", "group_size_histogram": {size: count}}``."""
 
@@ -329,6 +339,12 @@ class MemoryAnchorIndex(AnchorIndex):
         with self._lock:
             b = self._batches.get(batch_key)
             return dict(b.done) if b is not None else {}
+
+    def group_sizes(self, batch_key: str) -> np.ndarray:
+        with self._lock:
+            b = self._batches.get(batch_key)
+            sizes = [int(g[0]) for g in b.groups.values()] if b is not None else []
+        return np.sort(np.asarray(sizes, dtype=np.int64))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -673,6 +689,11 @@ class RedisAnchorIndex(AnchorIndex):
         key = self._keys(batch_key)[4]
         raw = self._read(f"completed runs of batch {batch_key!r}", lambda c: c.hgetall(key))
         return {k.decode(): int(v) for k, v in raw.items()}
+
+    def group_sizes(self, batch_key: str) -> np.ndarray:
+        key = self._keys(batch_key)[2]
+        vals = self._read(f"group sizes of batch {batch_key!r}", lambda c: c.hvals(key))
+        return np.sort(np.asarray([int(v.split()[0]) for v in vals], dtype=np.int64))
 
     def stats(self) -> dict[str, Any]:
         def read(c: Any) -> dict[str, Any]:

@@ -159,13 +159,13 @@ def _query_shard(
 
 
 def _insert_shard_spec(spec: dict, actor: Any, batch_key: str, steps: list[AnchorStep]) -> float:
-    from orchestrator.actor import anchor_index_from_spec
+    from orchestrator.anchor_owner import anchor_index_from_spec
 
     return _insert_shard(anchor_index_from_spec(spec, actor), batch_key, steps)
 
 
 def _query_shard_spec(spec: dict, actor: Any, batch_key: str, *args: Any) -> tuple[np.ndarray, np.ndarray, float]:
-    from orchestrator.actor import anchor_index_from_spec
+    from orchestrator.anchor_owner import anchor_index_from_spec
 
     return _query_shard(anchor_index_from_spec(spec, actor), batch_key, *args)
 

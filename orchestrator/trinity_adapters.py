@@ -48,17 +48,14 @@ from trinity.common.experience import Experience as TrinityExperience
 import algos.trinity_plugin as _plugin
 from algos.dapo import GroupReason
 from algos.gigpo import encode_keys, gigpo_advantages
-from orchestrator.actor import (
-    DEFAULT_NAME,
-    get_or_create_orchestrator,
-    orchestrator_anchor_index,
-)
+from orchestrator.actor import DEFAULT_NAME, get_or_create_orchestrator
 from orchestrator.anchor_index import (
     AnchorIndex,
     AnchorIndexError,
     AnchorStep,
     RedisAnchorIndex,
 )
+from orchestrator.anchor_owner import orchestrator_anchor_index
 from orchestrator.policy import ResamplingPolicy
 from orchestrator.types import Experience, ExperienceId, Group
 
@@ -442,7 +439,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         omega, gamma, fnorm, epsilon, step_reward_key, env_state_hash_key: as ``dso_gigpo``.
         actor_name, namespace: the orchestrator actor (default ``dso-orchestrator``).
         redis_url, prefix, ttl_s: a Redis index to use without an actor (prefix and TTL as
-            :class:`~orchestrator.actor.AnchorIndexConfig`).
+            :class:`~orchestrator.anchor_owner.AnchorIndexConfig`).
         group_size: trajectories per group to wait for (usually ``algorithm.repeat_times``);
             None: the groups are whole in each call (no waiting, no completeness check).
         wait_timeout_s: longest wait for incomplete groups, seconds.
@@ -451,7 +448,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         pydantic.ValidationError: out-of-range GiGPO arguments.
         algos.gigpo.InvalidStepError: a non-finite reward, a duplicate or missing step.
         orchestrator.trinity_adapters.OrchestratorNotFoundError: no ``redis_url`` and no actor.
-        orchestrator.actor.AnchorIndexNotConfiguredError: the actor has no anchor index.
+        orchestrator.anchor_owner.AnchorIndexNotConfiguredError: the actor has no anchor index.
         orchestrator.anchor_index.AnchorIndexError: Redis unreachable, batch state lost, a
             group still incomplete after ``wait_timeout_s``, or a conflicting re-insert.
     """

@@ -21,19 +21,18 @@ import pytest
 import ray
 
 from algos.gigpo import GiGPOConfig, gigpo_advantages
-from orchestrator.actor import (
-    ActorAnchorIndex,
-    AnchorIndexNotConfiguredError,
-    Orchestrator,
-    anchor_index_from_spec,
-    get_or_create_orchestrator,
-    orchestrator_anchor_index,
-)
+from orchestrator.actor import Orchestrator, get_or_create_orchestrator
 from orchestrator.anchor_index import (
     AnchorIndexError,
     AnchorStep,
     MemoryAnchorIndex,
     RedisAnchorIndex,
+)
+from orchestrator.anchor_owner import (
+    ActorAnchorIndex,
+    AnchorIndexNotConfiguredError,
+    anchor_index_from_spec,
+    orchestrator_anchor_index,
 )
 from orchestrator.metrics import DSOMetrics
 from orchestrator.scripted import ScriptedTasks
@@ -307,6 +306,14 @@ def test_two_ray_workers_on_the_actors_memory_index_get_the_pure_advantages(make
     np.testing.assert_array_equal(adv, single_process("b", steps))
     np.testing.assert_allclose(adv, out.step, rtol=0, atol=1e-9)
     assert ray.get(actor.anchor_completed_runs.remote("b")) == {f"task-{t}": 4 for t in range(4)}
+
+
+def test_group_sizes_of_the_actors_memory_index_come_through_the_actor(make_actor):
+    # states a (runs 0, 1) and b (run 1) of task-0: sizes 1, 2
+    index = orchestrator_anchor_index(make_actor({}))
+    index.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True), AnchorStep("task-0", 1, 0, "a", 0.0),
+                       AnchorStep("task-0", 1, 1, "b", 0.0, last=True)])
+    assert index.group_sizes("b").tolist() == [1, 2]
 
 
 def test_two_ray_workers_on_redis_via_the_spec_get_the_pure_advantages(make_actor, redis_url, redis_namespace):

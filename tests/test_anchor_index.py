@@ -127,6 +127,17 @@ def test_stats_histogram_and_drop():
     assert idx.stats()["entries"] == 0
 
 
+def test_group_sizes_count_steps_per_anchor_group():
+    # task t: state x at run 0 and 1, state y once; task u: state x at runs 0-2 -> sizes 2, 1, 3
+    idx = MemoryAnchorIndex()
+    idx.insert("b", [AnchorStep("t", 0, 0, "x", 1.0), AnchorStep("t", 1, 0, "x", 0.0), AnchorStep("t", 0, 1, "y", 1.0),
+                     AnchorStep("u", 0, 0, "x", 0.0), AnchorStep("u", 1, 0, "x", 0.0), AnchorStep("u", 2, 0, "x", 1.0)])
+    idx.insert("b", [AnchorStep("t", 1, 0, "x", 0.0)])  # duplicate: not counted again
+    sizes = idx.group_sizes("b")
+    assert sizes.dtype == np.int64 and sizes.tolist() == [1, 2, 3]
+    assert idx.group_sizes("unknown").tolist() == []
+
+
 def test_bad_step_is_refused_naming_field():
     idx = MemoryAnchorIndex()
     with pytest.raises(ValueError, match=r"state_hash: missing \(''\) for task 't' run 0 step 2"):
@@ -182,6 +193,16 @@ def test_redis_stats_and_drop(redis_url, redis_namespace):
     assert (st["batches"], st["entries"], st["groups"], st["group_size_histogram"]) == (1, 3, 2, {1: 1, 2: 1})
     assert idx.drop("b1") == 3
     assert idx.stats()["batches"] == 0
+
+
+def test_redis_group_sizes_count_steps_per_anchor_group(redis_url, redis_namespace):
+    idx = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    idx.insert("b1", [AnchorStep("t", 0, 0, "x", 1.0), AnchorStep("t", 1, 0, "x", 0.0), AnchorStep("t", 0, 1, "y", 1.0),
+                      AnchorStep("u", 0, 0, "x", 0.0), AnchorStep("u", 1, 0, "x", 0.0), AnchorStep("u", 2, 0, "x", 1.0)])
+    sizes = idx.group_sizes("b1")
+    assert sizes.dtype == np.int64 and sizes.tolist() == [1, 2, 3]
+    idx.drop("b1")
+    assert idx.group_sizes("b1").tolist() == []
 
 
 def test_redis_conflicting_duplicate_is_refused(redis_url, redis_namespace):
