@@ -494,7 +494,7 @@ def anchor_group_ids(task_ids: Any, state_hashes: Any) -> tuple[np.ndarray, np.n
 
 
 def _check_hashes(h: np.ndarray, tk: np.ndarray, runs: np.ndarray | None = None, steps: np.ndarray | None = None) -> None:
-    missing = np.asarray((h == None) | (h == ""), dtype=bool)
+    missing = np.asarray((h == None) | (h == ""), dtype=bool)  # noqa: E711 (element-wise on an object array)
     if missing.any():
         i = int(np.flatnonzero(missing)[0])
         where = f"task {_r(tk[i])}"

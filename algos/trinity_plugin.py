@@ -25,7 +25,7 @@ imported and registered under that key on first ``get``).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -172,7 +172,7 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     schema: str = "experience"
 
     @classmethod
-    def default_config(cls) -> Dict:
+    def default_config(cls) -> dict:
         return {
             "repeat_times": 16,
             "advantage_fn": "grpo",
@@ -210,7 +210,7 @@ class DsoGiGPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     schema: str = "experience"
 
     @classmethod
-    def default_config(cls) -> Dict:
+    def default_config(cls) -> dict:
         return {
             "repeat_times": 8,
             "advantage_fn": GIGPO_ADVANTAGE_CLASS_PATH,
@@ -286,7 +286,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         action_mask: torch.Tensor,
         advantages: torch.Tensor,
         **kwargs,
-    ) -> Tuple[torch.Tensor, Dict]:
+    ) -> tuple[torch.Tensor, dict]:
         """Loss and metrics for one micro-batch.
 
         Args:
@@ -330,7 +330,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         return loss, metrics
 
     @classmethod
-    def default_args(cls) -> Dict:
+    def default_args(cls) -> dict:
         return {"clip_range_low": 0.2, "clip_range_high": 0.28, "clip_ratio_c": None, "loss_agg_mode": "token-mean"}
 
 
@@ -395,7 +395,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         self.env_state_hash_key = env_state_hash_key
 
     @classmethod
-    def default_args(cls) -> Dict:
+    def default_args(cls) -> dict:
         return {
             "omega": _PAPER.omega,
             "gamma": _PAPER.gamma,
@@ -412,7 +412,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __call__(self, exps, **kwargs):
         return self.process(exps)
 
-    def rows(self, exps: List[TrinityExperience]) -> dict[str, np.ndarray]:
+    def rows(self, exps: list[TrinityExperience]) -> dict[str, np.ndarray]:
         """Per-step rows of a batch, one per experience, in the batch's order.
 
         Returns:
@@ -443,12 +443,12 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         assert len(state) == n
         return {"group": group, "run": run, "step": step, "reward": reward, "state": state}
 
-    def compute(self, exps: List[TrinityExperience]) -> GiGPOAdvantages:
+    def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
         """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
         r = self.rows(exps)
         return gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=self.config)
 
-    def process(self, exps: List[TrinityExperience]) -> Tuple[List[TrinityExperience], Dict]:
+    def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """Set ``advantages`` and ``returns`` ((T,) float32, A times ``action_mask``) on each experience.
 
         Returns:

@@ -53,7 +53,7 @@ class PolicyConflictError(ValueError):
 
 
 class Orchestrator:
-    """Actor body (also usable in-process). Wrap with :func:`orchestrator_actor` for Ray.
+    """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
         policy: the initial resampling policy (a model or a dict, validated).

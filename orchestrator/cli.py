@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -78,9 +77,9 @@ def gigpo_table(summary: dict) -> Table:
 @app.command()
 def demo(
     algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: FrozenLake agent."),
-    backend: Optional[Backend] = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
+    backend: Backend | None = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
     batches: int = typer.Option(4, min=1, help="DAPO: train batches to emit."),
-    redis_url: Optional[str] = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
+    redis_url: str | None = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
     out: Path = typer.Option(Path("runs/demo"), help="Output directory (buffer, state and summary JSON)."),
 ) -> None:
     """Run the main job on embedded defaults and print its summary table."""

@@ -33,7 +33,6 @@ from orchestrator.policy import ResamplingPolicy
 from orchestrator.tasks import UnknownTaskError
 from orchestrator.types import Batch, Experience, ExperienceId, Group, Purpose
 
-
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
 

@@ -16,7 +16,7 @@ class InvalidPolicyError(ValueError):
     """A resampling policy value is out of range or inconsistent (names the field and value)."""
 
     @classmethod
-    def from_validation(cls, err: ValidationError) -> "InvalidPolicyError":
+    def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
         parts = [f"{'.'.join(str(x) for x in e['loc']) or 'policy'}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
         return cls("invalid resampling policy: " + "; ".join(parts))
 
@@ -40,7 +40,7 @@ class FilterConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "FilterConfig":
+    def _check(self) -> FilterConfig:
         if self.wrong_threshold > self.correct_threshold:
             raise ValueError(
                 f"wrong_threshold ({self.wrong_threshold}) must be <= correct_threshold ({self.correct_threshold})"
@@ -89,14 +89,14 @@ class ResamplingPolicy(BaseModel):
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
 
     @classmethod
-    def parse(cls, data: dict) -> "ResamplingPolicy":
+    def parse(cls, data: dict) -> ResamplingPolicy:
         """Build from a dict, raising :class:`InvalidPolicyError` (field and value named)."""
         try:
             return cls.model_validate(data)
         except ValidationError as err:
             raise InvalidPolicyError.from_validation(err) from None
 
-    def updated(self, changes: dict) -> "ResamplingPolicy":
+    def updated(self, changes: dict) -> ResamplingPolicy:
         """A copy with ``changes`` merged (nested ``filter`` merged key by key), validated."""
         data = self.model_dump()
         for key, value in changes.items():

@@ -5,8 +5,8 @@ Rewards come from a script per task, so keep/drop decisions are known in advance
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import count
-from typing import Sequence
 
 from orchestrator.tasks import Task, UnknownTaskError
 from orchestrator.types import Experience, ExperienceId, Group

@@ -62,7 +62,7 @@ class SQLiteSink:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None
-        self._db  # create the file and schema now, so a bad path fails at construction
+        _ = self._db  # create the file and schema now, so a bad path fails at construction
 
     @property
     def _db(self) -> sqlite3.Connection:

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 import ray
@@ -82,7 +82,7 @@ class IndexTaskSet:
     task_ids: list[str] = field(default_factory=list)
 
     @classmethod
-    def of_size(cls, n: int) -> "IndexTaskSet":
+    def of_size(cls, n: int) -> IndexTaskSet:
         if n <= 0:
             raise ValueError(f"num_tasks: must be > 0, got {n}")
         return cls([str(i) for i in range(n)])
@@ -220,7 +220,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
             metrics={k: float(v) for k, v in (last.metrics or {}).items() if isinstance(v, (int, float))},
         )
 
-    def to_groups(self, exps: List[TrinityExperience]) -> tuple[list[Group], dict[str, list[TrinityExperience]], int]:
+    def to_groups(self, exps: list[TrinityExperience]) -> tuple[list[Group], dict[str, list[TrinityExperience]], int]:
         """Group one explore step's experiences.
 
         Returns:
@@ -237,7 +237,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
             runs[rid].append(e)
         n = self.policy.group_size
         groups, payload, incomplete = [], {}, 0
-        for tid, rids in tids.items():
+        for rids in tids.values():
             if len(rids) != n:
                 incomplete += 1
                 continue
@@ -279,7 +279,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self._held_dropped.clear()
         return out
 
-    async def process(self, exps: List[TrinityExperience]) -> Tuple[List[TrinityExperience], Dict]:
+    async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         actor = self.actor()
         groups, payload, incomplete = self.to_groups(exps)
         labels: list[str] = []
@@ -381,15 +381,15 @@ class OrchestratorTaskSelector:
             return indices, dict(self._last_plan)
         return indices
 
-    def feedback(self, indices: List[int], values: List[float]) -> None:
+    def feedback(self, indices: list[int], values: list[float]) -> None:
         """No-op: the orchestrator learns from the pipeline operator's submissions."""
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         """Tasks handed out so far and planned ones not yet handed out; the task order itself
         is in the actor's state."""
         return {"current_index": self.current_index, "pending": list(self.pending)}
 
-    def load_state_dict(self, state_dict: Dict) -> None:
+    def load_state_dict(self, state_dict: dict) -> None:
         self.current_index = int(state_dict.get("current_index", 0))
         self.pending = [str(t) for t in state_dict.get("pending", [])]
 
@@ -491,7 +491,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         self.auxiliary_models = {}
 
     @classmethod
-    def default_args(cls) -> Dict:
+    def default_args(cls) -> dict:
         return {
             **_plugin.DsoGiGPOAdvantageFn.default_args(),
             "actor_name": DEFAULT_NAME,
@@ -532,7 +532,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         self.close_index()
 
     # -- computation
-    def compute(self, exps: List[TrinityExperience]) -> dict[str, np.ndarray]:
+    def compute(self, exps: list[TrinityExperience]) -> dict[str, np.ndarray]:
         """GiGPO advantages of a call's experiences from the shared index.
 
         Returns:
@@ -617,7 +617,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def process_sync(self, exps: List[TrinityExperience]) -> Tuple[List[TrinityExperience], Dict]:
+    def process_sync(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """Set ``advantages`` / ``returns`` ((T,) float32, A times ``action_mask``) on each experience.
 
         Returns:
@@ -657,7 +657,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
     def __call__(self, exps, **kwargs):
         return self.process_sync(exps)
 
-    async def process(self, exps: List[TrinityExperience]) -> Tuple[List[TrinityExperience], Dict]:
+    async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """:meth:`process_sync` in a worker thread (index round trips block; the pipeline's loop does not)."""
         return await asyncio.to_thread(self.process_sync, exps)
 

@@ -92,8 +92,10 @@ def test_cap_pad_fills_with_dropped_groups_marked_padding():
 
 def test_cap_partial_emits_smaller_flagged_batch():
     c = core(max_replenish_rounds=1, on_cap="partial")
-    c.plan_round(); c.submit([group("t0", MIXED)])
-    c.plan_round(); c.submit([group("t1", WRONG)])
+    c.plan_round()
+    c.submit([group("t0", MIXED)])
+    c.plan_round()
+    c.submit([group("t1", WRONG)])
     batch = c.close_at_cap()
     assert batch.partial and [g.task_id for g in batch.groups] == ["t0"]
     assert held_invariant(c)
@@ -101,8 +103,10 @@ def test_cap_partial_emits_smaller_flagged_batch():
 
 def test_cap_raise_keeps_open_batch():
     c = core(max_replenish_rounds=1, on_cap="raise")
-    c.plan_round(); c.submit([group("t0", MIXED)])
-    c.plan_round(); c.submit([group("t1", WRONG)])
+    c.plan_round()
+    c.submit([group("t0", MIXED)])
+    c.plan_round()
+    c.submit([group("t1", WRONG)])
     with pytest.raises(ReplenishCapError, match="batch 0 has 1 of 2 informative groups after 1 replenish rounds"):
         c.close_at_cap()
     assert c.stats()["groups_held"] == 2
@@ -157,7 +161,8 @@ def test_state_dict_round_trip_mid_batch():
     d.load_state_dict(state)
     assert d.stats() == c.stats()
     assert d.plan_round() == c.plan_round()
-    c.submit([group("t5", MIXED)]); d.submit([group("t5", MIXED)])
+    c.submit([group("t5", MIXED)])
+    d.submit([group("t5", MIXED)])
     assert [g.task_id for g in d.try_emit().groups] == [g.task_id for g in c.try_emit().groups] == ["t3", "t5"]
 
 
