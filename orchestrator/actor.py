@@ -203,13 +203,14 @@ class Orchestrator:
         return [g.reason for g in groups]
 
     def submit_experiences(self, experiences: list[Experience], policy_version: int = 0) -> list[str]:
-        """Group experiences by ``eid.task`` (run order kept) and submit them as groups."""
-        by_task: dict[str, list[Experience]] = defaultdict(list)
+        """Group experiences by ``(eid.task, eid.batch)`` (one group per task and round, in run
+        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group)."""
+        by_key: dict[tuple[str, str], list[Experience]] = defaultdict(list)
         for e in experiences:
-            by_task[e.eid.task].append(e)
+            by_key[(e.eid.task, e.eid.batch)].append(e)
         groups = [
-            Group(task_id=t, rollouts=sorted(rs, key=lambda e: e.eid.run), policy_version=policy_version)
-            for t, rs in by_task.items()
+            Group(task_id=task, rollouts=sorted(rs, key=lambda e: e.eid.run), policy_version=policy_version)
+            for (task, _), rs in by_key.items()
         ]
         return self.submit_groups(groups)
 

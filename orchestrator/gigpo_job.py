@@ -199,7 +199,8 @@ def run_gigpo_job(
     Returns:
         ``{"algo": "gigpo", "backend": "memory"|"redis", "workers", "batch_key", "tasks",
         "trajectories", "steps", "anchor_groups", "anchor_group_fraction" (fraction of steps
-        whose anchor group has more than one member), "group_size_histogram" ({size: groups}),
+        whose anchor group has more than one member), "informative_step_fraction" (fraction of
+        steps whose anchor group's returns differ, i.e. A_S != 0), "group_size_histogram" ({size: groups}),
         "mean_abs_episode_advantage", "mean_abs_step_advantage", "mean_abs_advantage",
         "success_rate" (fraction of trajectories reaching the goal), "invalid_action_rate",
         "mean_trajectory_length", "max_abs_diff_vs_pure", "timings": {"workers_start_s",
@@ -430,6 +431,7 @@ def _run(
         "steps": len(exps),
         "anchor_groups": len(sizes),
         "anchor_group_fraction": float(np.mean(pure.anchor_sizes > 1)) if len(exps) else 0.0,
+        "informative_step_fraction": float(np.mean(step_adv != 0)) if len(exps) else 0.0,
         "group_size_histogram": dict(sorted(Counter(sizes.values()).items())),
         "mean_abs_episode_advantage": float(np.mean(np.abs(pure.episode))) if len(exps) else 0.0,
         "mean_abs_step_advantage": float(np.mean(np.abs(step_adv))) if len(exps) else 0.0,

@@ -87,3 +87,14 @@ def test_restart_resumes_from_checkpoint(ray_local, tmp_path):
     batch = ray.get(b.next_batch.remote())
     assert batch.batch_id == 1 and ray.get(b.get_stats.remote())["groups_submitted"] == 4  # the carried pair, no new round
     ray.kill(b)
+
+
+def test_submit_experiences_groups_by_task_and_round(actor):
+    from orchestrator.types import Experience, ExperienceId
+
+    exps = [
+        Experience(eid=ExperienceId(task="t0", run=r, batch=b), reward=v)
+        for b, rewards in (("x", MIXED), ("y", WRONG))
+        for r, v in enumerate(rewards)
+    ]
+    assert ray.get(actor.submit_experiences.remote(exps)) == ["informative", "all_wrong"]
