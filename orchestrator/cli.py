@@ -78,16 +78,26 @@ def gigpo_table(summary: dict) -> Table:
 def demo(
     algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: FrozenLake agent."),
     backend: Backend | None = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
-    batches: int = typer.Option(4, min=1, help="DAPO: train batches to emit."),
+    batches: int | None = typer.Option(None, min=1, help="DAPO: train batches to emit (default 4)."),
     redis_url: str | None = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
-    out: Path = typer.Option(Path("runs/demo"), help="Output directory (buffer, state and summary JSON)."),
+    config: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="YAML with the demo's settings (DAPO: orchestrator.demo.DemoConfig, e.g. examples/demo/dapo.yaml; "
+        "GiGPO: orchestrator.gigpo_job.GiGPOJobConfig); options given here override it.",
+    ),
+    out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON); default runs/demo."),
 ) -> None:
-    """Run the main job on embedded defaults and print its summary table."""
+    """Run the main job (embedded defaults, or a YAML config) and print its summary table."""
+    from orchestrator.cli_service import load_yaml_model
+
     if algo is Algo.gigpo:
         from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
 
-        policy = "vllm" if backend in (None, Backend.vllm) else "random"  # scripted == seeded random play
-        cfg = GiGPOJobConfig(redis_url=redis_url, out_dir=out, policy=policy)
+        policy = None if backend is None else "vllm" if backend is Backend.vllm else "random"  # scripted: random play
+        cfg = load_yaml_model(config, GiGPOJobConfig, {"redis_url": redis_url, "out_dir": out, "policy": policy})
+        defaults = {"policy": "vllm", "out_dir": Path("runs/demo")}  # the demo plays with the real model
+        cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None or k not in cfg.model_fields_set})
+        out = cfg.out_dir
         with console.status("GiGPO rollouts and advantages..."):
             summary = run_gigpo_job(cfg)
         console.print(gigpo_table(summary))
@@ -96,7 +106,8 @@ def demo(
 
     from orchestrator.demo import DemoConfig, run_dapo_demo
 
-    cfg = DemoConfig(batches=batches, out_dir=out, backend=(backend or Backend.vllm).value)
+    cfg = load_yaml_model(config, DemoConfig, {"batches": batches, "out_dir": out, "backend": backend and backend.value})
+    out = cfg.out_dir
     with Progress(TextColumn("[bold]batches"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console) as bar:
         task = bar.add_task("starting (model conversion and engine start-up)", total=cfg.batches)

@@ -143,22 +143,46 @@ def status_table(stats: dict, url: str = ""):
 # --------------------------------------------------------------------------- serve
 
 
-def load_serve_config(path: Path, overrides: dict[str, Any] | None = None):
-    """Read and validate a ``serve`` YAML config (``orchestrator.rest.ServeConfig``)."""
+def load_yaml_model(path: Path | None, model: type, overrides: dict[str, Any] | None = None):
+    """Read a YAML mapping (or nothing), apply ``overrides`` and validate it as ``model``.
+
+    Args:
+        path: a YAML file with a mapping at the top level, or None for the model's defaults.
+        model: a pydantic model class.
+        overrides: ``{"key": value}`` or ``{"section.key": value}``; None values are skipped
+            (an option the user did not give).
+    Raises:
+        typer.BadParameter: the file is not a mapping, or the result does not validate (the
+            message names the field and the value).
+    """
     import yaml
+    from pydantic import ValidationError
 
-    from orchestrator.rest import ServeConfig
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = (yaml.safe_load(Path(path).read_text()) or {}) if path is not None else {}
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path}: expected a mapping at the top level")
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
-        section, key = dotted.split(".")
-        data.setdefault(section, {})
-        data[section] = {**(data[section] or {}), key: value}
-    return ServeConfig.model_validate(data)
+        section, _, key = dotted.rpartition(".")
+        if section:
+            data[section] = {**(data.get(section) or {}), key: value}
+        else:
+            data[key] = value
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()
+        )
+        raise typer.BadParameter(f"{path or 'defaults'}: {problems}") from None
+
+
+def load_serve_config(path: Path, overrides: dict[str, Any] | None = None):
+    """Read and validate a ``serve`` YAML config (``orchestrator.rest.ServeConfig``)."""
+    from orchestrator.rest import ServeConfig
+
+    return load_yaml_model(path, ServeConfig, overrides)
 
 
 def run_service(cfg, *, block: bool = True, on_ready=None) -> None:

@@ -200,7 +200,8 @@ class OrchestratorCore:
 
         ``count = min(ceil(missing / max(min_keep_rate, p_keep)), max_tasks_per_round)``.
         With ``replenish='same_tasks'``, replenish rounds re-roll this batch's dropped tasks
-        first (oldest first) and top up with fresh tasks.
+        first (oldest first; not those a skip rule has just put in cooldown) and top up with
+        fresh tasks.
         """
         missing = self.missing_groups()
         rnd = self.rounds_started
@@ -211,8 +212,9 @@ class OrchestratorCore:
         count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
         task_ids: list[str] = []
         if rnd > 0 and self.policy.replenish == "same_tasks":
-            task_ids = self.dropped_task_ids[:count]
-            self.dropped_task_ids = self.dropped_task_ids[count:]
+            skip_until = self.history.skip_until_epoch
+            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
+            task_ids, self.dropped_task_ids = rerolls[:count], rerolls[count:]
         task_ids += self.select_tasks(count - len(task_ids))
         self.rounds_started += 1
         if rnd > 0:

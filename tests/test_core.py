@@ -73,6 +73,14 @@ def test_same_tasks_rerolls_dropped_tasks_first():
     assert plan.task_ids == [first.task_ids[0]]
 
 
+def test_same_tasks_does_not_reroll_a_task_in_cooldown():
+    c = core(replenish="same_tasks", min_keep_rate=1.0, skip_after_all_wrong=1)
+    first = c.plan_round()
+    c.submit([group(first.task_ids[0], WRONG), group(first.task_ids[1], MIXED)])
+    plan = c.plan_round()
+    assert len(plan.task_ids) == 1 and plan.task_ids != [first.task_ids[0]]
+
+
 def test_cap_pad_fills_with_dropped_groups_marked_padding():
     c = core(max_replenish_rounds=1)
     c.plan_round()
