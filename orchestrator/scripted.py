@@ -76,3 +76,42 @@ class ScriptedRolloutSource:
             ]
             groups.append(Group(task_id=task.task_id, rollouts=rollouts, policy_version=policy_version))
         return groups
+
+
+class BernoulliRolloutSource:
+    """Rollouts whose correctness is drawn per task: run i of task t is correct with p[t].
+
+    A stand-in for a model with known per-task pass rates, for benchmarks of the sampling
+    policy (how many rollouts an informative group costs). Rewards are DAPO's +1 / -1
+    (arXiv 2503.14476, Sec. 2.4); ``metrics["accuracy"]`` is 1.0 or 0.0.
+
+    Args:
+        pass_rates: task id -> probability in [0, 1] that one rollout is correct.
+        seed: seeds the draws (numpy ``default_rng``).
+    """
+
+    def __init__(self, pass_rates: dict[str, float], seed: int = 0):
+        import numpy as np
+
+        self.pass_rates = dict(pass_rates)
+        self._rng = np.random.default_rng(seed)
+
+    def generate(self, tasks: list[Task], n: int, *, policy_version: int = 0, batch_tag: str = "") -> list[Group]:
+        p = [[self.pass_rates[t.task_id]] for t in tasks]
+        correct = self._rng.random((len(tasks), n)) < p
+        return [
+            Group(
+                task_id=task.task_id,
+                rollouts=[
+                    Experience(
+                        eid=ExperienceId(task=task.task_id, run=run, batch=batch_tag),
+                        reward=1.0 if ok else -1.0,
+                        info={"policy_version": policy_version},
+                        metrics={"accuracy": float(ok)},
+                    )
+                    for run, ok in enumerate(row)
+                ],
+                policy_version=policy_version,
+            )
+            for task, row in zip(tasks, correct.tolist(), strict=True)
+        ]
