@@ -44,7 +44,7 @@ def dapo_table(summary: dict) -> Table:
     t.add_column("value", justify="right")
     rows = [
         ("batches emitted", s["batches_emitted"]),
-        ("groups kept (informative, emitted)", s["groups_emitted"]),
+        ("groups emitted (informative)", s["groups_emitted"]),
         ("groups carried over", s["groups_carried"]),
         ("groups used as padding", s["groups_padded"]),
         *[(f"groups dropped: {r}", v) for r, v in s["dropped_by_reason"].items() if v],
@@ -57,7 +57,7 @@ def dapo_table(summary: dict) -> Table:
         ("replenish rounds per batch", ", ".join(map(str, s["rounds_per_batch"]))),
         ("cap hits", s["cap_hits"]),
         ("mean reward: all groups", s["mean_reward_all"]),
-        ("mean reward: kept groups", s["mean_reward_kept"]),
+        ("mean reward: informative groups (emitted or carried)", s["mean_reward_kept"]),
     ]
     for name, value in rows:
         t.add_row(name, _fmt(value))

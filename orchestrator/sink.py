@@ -108,6 +108,9 @@ class SQLiteSink:
                 self._db.executemany(f"INSERT INTO experiences VALUES ({', '.join('?' * 16)})", rows)
         except sqlite3.IntegrityError as err:
             raise DuplicateBatchError(f"batch_id: batch {batch.batch_id} already written to {self.path}") from err
+        # Move the committed batch from the write-ahead log into the database file itself, so
+        # the .db file alone (e.g. a copy) holds every written batch. Readers may keep reading.
+        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def batch_ids(self) -> list[int]:
         return [r[0] for r in self._db.execute("SELECT batch_id FROM batches ORDER BY batch_id")]

@@ -98,3 +98,18 @@ def test_submit_experiences_groups_by_task_and_round(actor):
         for r, v in enumerate(rewards)
     ]
     assert ray.get(actor.submit_experiences.remote(exps)) == ["informative", "all_wrong"]
+
+
+def test_sink_database_file_alone_holds_written_batches(tmp_path):
+    import shutil
+    import sqlite3
+
+    from orchestrator.scripted import ScriptedRolloutSource as Src
+    from orchestrator.types import Batch
+
+    sink = SQLiteSink(tmp_path / "b.db")
+    group = Src(default=MIXED).generate([ScriptedTasks(["t0"]).get("t0")], 2)[0]
+    sink.write(Batch(batch_id=0, groups=[group]))
+    shutil.copy(tmp_path / "b.db", tmp_path / "copy.db")  # the main file only, no -wal
+    rows = sqlite3.connect(tmp_path / "copy.db").execute("SELECT COUNT(*) FROM experiences").fetchone()
+    assert rows == (2,)
