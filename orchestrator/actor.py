@@ -39,6 +39,7 @@ from orchestrator.anchor_owner import (
     AnchorIndexOwner,
 )
 from orchestrator.core import OrchestratorCore, RoundPlan
+from orchestrator.logs import enable_service_logging
 from orchestrator.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.types import Batch, Experience, Group
 
@@ -88,6 +89,7 @@ class Orchestrator:
         seed: int = 0,
         anchor_index: AnchorIndexConfig | dict | None = None,
     ):
+        enable_service_logging()
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
         self.task_set = task_set
@@ -107,7 +109,11 @@ class Orchestrator:
             self.core.load_state_dict(saved)
             if self.anchors is not None:
                 self.anchors.load_state_dict(saved)
-            log.info("resumed from %s at batch %d", self.checkpoint_path, self.core.batch_id)
+            log.warning(
+                "resumed from checkpoint %s at batch %d, policy revision %d (the checkpoint's policy replaces the "
+                "configured one; delete the file to start afresh)",
+                self.checkpoint_path, self.core.batch_id, self.core.policy_revision,
+            )
         self._observe()
 
     @property

@@ -197,7 +197,7 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
 
     if not ray.is_initialized():
         init: dict[str, Any] = {"namespace": cfg.orchestrator.namespace if cfg.orchestrator else "trinity-dso",
-                                "log_to_driver": False}
+                                "log_to_driver": True}  # the actor's policy-change and resume lines
         if cfg.ray.address:
             init["address"] = cfg.ray.address
         else:

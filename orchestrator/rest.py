@@ -506,6 +506,9 @@ def _deployment():
         """Ray Serve deployment: the FastAPI app of :func:`create_app` bound to the named actor."""
 
         def __init__(self, settings: dict):
+            from orchestrator.logs import enable_service_logging
+
+            enable_service_logging()
             self.settings = ServiceSettings.model_validate(settings)
 
         def __serve_build_asgi_app__(self) -> FastAPI:
