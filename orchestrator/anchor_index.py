@@ -154,6 +154,15 @@ class AnchorIndex(ABC):
     def close(self) -> None:
         """Release connections (no-op for the memory index)."""
 
+    def ping(self) -> float:
+        """Check that the backend answers; returns the round trip in seconds (0 for memory).
+
+        Raises:
+            AnchorIndexError: backend unreachable or refusing the connection (bad URL, host,
+                port, password); the message names the URL with its password hidden.
+        """
+        return 0.0
+
     def is_complete(self, batch_key: str, task: str, n_runs: int) -> bool:
         """True when ``task`` has exactly ``n_runs`` complete runs in ``batch_key``."""
         return self.completed_runs(batch_key).get(task, 0) == n_runs
@@ -498,7 +507,18 @@ _KINDS = ("meta", "steps", "groups", "runs", "done")
 
 
 def _redact(url: str) -> str:
-    return re.sub(r"//([^@/]*)@", "//***@", url)
+    url = re.sub(r"//([^@/]*)@", "//***@", url)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", url)
+
+
+def _url_password(url: str) -> str | None:
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return parts.password and unquote(parts.password) or (parse_qs(parts.query).get("password") or [None])[0]
+    except ValueError:
+        return None
 
 
 def _field(task: str, *rest: Any) -> str:
@@ -571,6 +591,33 @@ class RedisAnchorIndex(AnchorIndex):
             )
             self._script = self._client.register_script(_INSERT_LUA)
         return self._client
+
+    def ping(self) -> float:
+        """One PING on a fresh connection (no retries); returns the round trip in seconds.
+
+        Raises:
+            AnchorIndexError: the URL is malformed, or the server is unreachable, times out
+                (``socket_timeout``) or refuses the password; the message names the URL
+                (password hidden) and redis-py's reason.
+        """
+        import redis
+
+        def fail(kind: str, exc: Exception) -> AnchorIndexError:
+            self._client = None
+            reason = str(exc) or type(exc).__name__
+            secret = _url_password(self.url)
+            if secret:
+                reason = reason.replace(secret, "***")
+            return AnchorIndexError(f"{self._where()}: {kind}: {reason}")
+
+        t0 = time.perf_counter()
+        try:
+            self._conn().ping()
+        except (ValueError, TypeError) as exc:  # redis-py: bad scheme, port or query option
+            raise fail("malformed URL", exc) from None
+        except redis.RedisError as exc:
+            raise fail("PING failed", exc) from None
+        return time.perf_counter() - t0
 
     def _keys(self, batch_key: str) -> list[str]:
         return [f"{self.prefix}:{{{batch_key}}}:{k}" for k in _KINDS]

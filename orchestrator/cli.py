@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from enum import Enum
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 app = typer.Typer(help="trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO.", no_args_is_help=True)
 console = Console()
+err_console = Console(stderr=True)
 
 
 @app.callback()
@@ -64,13 +67,48 @@ def dapo_table(summary: dict) -> Table:
     return t
 
 
+_GIGPO_ROWS = [  # (summary key, label), in table order
+    ("policy", "rollout policy"),
+    ("backend", "anchor index"),
+    ("workers", "advantage workers"),
+    ("batch_key", "batch key"),
+    ("tasks", "tasks (FrozenLake maps)"),
+    ("trajectories", "trajectories"),
+    ("steps", "steps"),
+    ("mean_trajectory_length", "mean trajectory length (turns)"),
+    ("success_rate", "success rate"),
+    ("invalid_action_rate", "invalid action rate"),
+    ("anchor_groups", "anchor groups"),
+    ("anchor_group_fraction", "steps in an anchor group of size > 1"),
+    ("informative_step_fraction", "informative steps (A_S != 0)"),
+    ("mean_abs_episode_advantage", "mean |episode advantage|"),
+    ("mean_abs_step_advantage", "mean |step advantage|"),
+    ("mean_abs_advantage", "mean |advantage|"),
+    ("max_abs_diff_vs_pure", "max |workers - single process|"),
+]
+
+
 def gigpo_table(summary: dict) -> Table:
-    t = Table(title="trinity-dso GiGPO demo")
+    """The GiGPO demo's summary table (the same numbers as gigpo.json).
+
+    ``backend`` is the anchor-index store (memory / redis), ``policy`` the rollout policy.
+    Scalar keys not named in ``_GIGPO_ROWS`` follow, then the timings; the group-size
+    histogram is only in the JSON.
+    """
+    total = summary.get("timings", {}).get("total_s")
+    title = f"trinity-dso GiGPO demo ({summary.get('policy', '?')} policy"
+    t = Table(title=title + (f", {total:.1f} s)" if total is not None else ")"))
     t.add_column("measure")
     t.add_column("value", justify="right")
+    known = {k for k, _ in _GIGPO_ROWS} | {"algo"}
+    for key, label in _GIGPO_ROWS:
+        if key in summary:
+            t.add_row(label, _fmt(summary[key]))
     for key, value in summary.items():
-        if not isinstance(value, (dict, list)):
+        if key not in known and not isinstance(value, (dict, list)):
             t.add_row(key.replace("_", " "), _fmt(value))
+    for key, value in summary.get("timings", {}).items():
+        t.add_row(f"time: {key.removesuffix('_s').replace('_', ' ')} (s)", _fmt(value))
     return t
 
 
@@ -91,15 +129,27 @@ def demo(
     from orchestrator.cli_service import load_yaml_model
 
     if algo is Algo.gigpo:
-        from orchestrator.gigpo_job import GiGPOJobConfig, run_gigpo_job
+        from orchestrator.anchor_index import AnchorIndexError
+        from orchestrator.gigpo_job import GiGPOJobConfig, GiGPOJobError, run_gigpo_job
 
         policy = None if backend is None else "vllm" if backend is Backend.vllm else "random"  # scripted: random play
         cfg = load_yaml_model(config, GiGPOJobConfig, {"redis_url": redis_url, "out_dir": out, "policy": policy})
         defaults = {"policy": "vllm", "out_dir": Path("runs/demo")}  # the demo plays with the real model
         cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None or k not in cfg.model_fields_set})
         out = cfg.out_dir
-        with console.status("GiGPO rollouts and advantages..."):
-            summary = run_gigpo_job(cfg)
+        t0 = time.perf_counter()
+        try:
+            with console.status("GiGPO: starting") as status:
+
+                def say(msg: str) -> None:  # the job's progress lines, live
+                    status.update(f"GiGPO: {escape(msg)}")
+                    console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(msg)}", soft_wrap=True)
+
+                summary = run_gigpo_job(cfg, log=say)
+        except (AnchorIndexError, GiGPOJobError) as exc:  # one red line, no traceback
+            hint = " (check --redis-url or redis_url in the config)" if isinstance(exc, AnchorIndexError) else ""
+            err_console.print(f"[bold]error:[/bold] {escape(str(exc))}{hint}", style="red", soft_wrap=True, highlight=False)
+            raise typer.Exit(1) from None
         console.print(gigpo_table(summary))
         console.print(f"summary written to {out / 'gigpo.json'}")
         return

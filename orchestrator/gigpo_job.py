@@ -40,7 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.anchor_index import AnchorIndex, AnchorStep, make_anchor_index
+from orchestrator.anchor_index import AnchorIndex, AnchorStep, RedisAnchorIndex, _redact, make_anchor_index
 from orchestrator.envs.frozenlake import (
     Act,
     engine_act,
@@ -188,7 +188,8 @@ def run_gigpo_job(
             :func:`~orchestrator.envs.frozenlake.engine_act` at ``cfg.temperature``.
         return_experiences: also return the experiences, each with ``info["advantage"]``,
             ``info["episode_advantage"]``, ``info["step_advantage"]`` and ``info["return"]``.
-        log: optional progress callback (one line per phase).
+        log: optional progress callback: one line per phase (index check, Ray / model /
+            engine start-up, each rollout turn, index writes, worker queries).
         orchestrator: a running :class:`~orchestrator.actor.Orchestrator` actor created with
             ``anchor_index``: the job then uses *its* index (``cfg.redis_url``, ``prefix`` and
             ``ttl_s`` are ignored; ``backend`` reports the actor's), registers the batch key
@@ -197,7 +198,8 @@ def run_gigpo_job(
             actor - instead of spawned processes. The batch is dropped through the actor
             (``anchor_drop``, which records the group sizes in its metrics) unless ``keep_batch``.
     Returns:
-        ``{"algo": "gigpo", "backend": "memory"|"redis", "workers", "batch_key", "tasks",
+        ``{"algo": "gigpo", "backend": "memory"|"redis" (the anchor-index store),
+        "policy": "random"|"engine"|"vllm" (the rollout policy, ``cfg.policy``), "workers", "batch_key", "tasks",
         "trajectories", "steps", "anchor_groups", "anchor_group_fraction" (fraction of steps
         whose anchor group has more than one member), "informative_step_fraction" (fraction of
         steps whose anchor group's returns differ, i.e. A_S != 0), "group_size_histogram" ({size: groups}),
@@ -209,23 +211,29 @@ def run_gigpo_job(
     Raises:
         GiGPOJobError: ``policy="engine"`` without ``act``/``engine``; the workers' result
             differs from the single-process one by more than ``check_tol``.
-        orchestrator.anchor_index.AnchorIndexError: Redis unreachable or batch state lost.
+        orchestrator.anchor_index.AnchorIndexError: Redis unreachable or the URL malformed
+            (checked with a PING before the engine start and the rollouts, unless
+            ``orchestrator`` is given), or batch state lost.
     """
     cfg = cfg or GiGPOJobConfig()
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
+    if cfg.policy == "engine" and act is None and engine is None:
+        raise GiGPOJobError("policy='engine' needs an act callable or an engine actor")
+    # the index is checked before the (slow) engine start and rollouts, so a bad URL fails fast
+    index = None if orchestrator is not None else _open_index(cfg, say)
     started_engine = None
-    if cfg.policy in ("engine", "vllm"):
-        if act is None and engine is None:
-            if cfg.policy == "engine":
-                raise GiGPOJobError("policy='engine' needs an act callable or an engine actor")
-            engine = started_engine = _start_vllm_engine(cfg, say)
-        act = act or engine_act(engine, temperature=cfg.temperature, seed=cfg.seed)
-    else:
-        act = random_act(cfg.seed, invalid_prob=cfg.invalid_prob)
     try:
-        result = _run(cfg, act, say, t_start, return_experiences, orchestrator)
+        if cfg.policy in ("engine", "vllm"):
+            if act is None and engine is None:
+                engine = started_engine = _start_vllm_engine(cfg, say)
+            act = act or engine_act(engine, temperature=cfg.temperature, seed=cfg.seed)
+        else:
+            act = random_act(cfg.seed, invalid_prob=cfg.invalid_prob)
+        result = _run(cfg, act, say, t_start, return_experiences, orchestrator, index)
     finally:
+        if index is not None:
+            index.close()
         if started_engine is not None:
             import ray
 
@@ -237,21 +245,56 @@ def run_gigpo_job(
     return result
 
 
+def _open_index(cfg: GiGPOJobConfig, say: Callable[[str], None]) -> AnchorIndex:
+    """The job's own anchor index, checked with one PING when it is Redis.
+
+    Raises:
+        AnchorIndexError: Redis unreachable, refusing the password, or a malformed URL (the
+            message names the URL, password hidden).
+    """
+    index = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
+    if isinstance(index, RedisAnchorIndex):
+        say(f"anchor index: connecting to Redis at {_redact(cfg.redis_url or '')}")
+        rtt = index.ping()
+        say(f"anchor index: Redis at {_redact(cfg.redis_url or '')} answered PING in {rtt * 1e3:.1f} ms")
+    else:
+        say("anchor index: in memory (no --redis-url)")
+    return index
+
+
 def _start_vllm_engine(cfg: GiGPOJobConfig, say: Callable[[str], None]) -> Any:
     import ray
 
     from orchestrator.rollout import start_engine
 
     if not ray.is_initialized():
+        say("starting Ray (2 CPUs)")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
     if cfg.model_dir is None:
         from orchestrator.model import ensure_smollm2
 
+        say("preparing SmolLM2-135M-Instruct (download or conversion on first use)")
         model_dir = ensure_smollm2()
     else:
         model_dir = cfg.model_dir
-    say(f"starting vLLM engine on {model_dir}")
-    return start_engine(model_dir, seed=cfg.seed)
+    say(f"starting vLLM engine on {model_dir} (model load and warm-up)")
+    t0 = time.perf_counter()
+    eng = start_engine(model_dir, seed=cfg.seed)
+    say(f"vLLM engine ready in {time.perf_counter() - t0:.1f}s")
+    return eng
+
+
+def _announce_turns(act: Act, say: Callable[[str], None], n_traj: int, max_steps: int) -> Act:
+    """``act`` that reports each rollout turn (one policy call for all live trajectories)."""
+    turn = 0
+
+    def traced(prompts: Any, choices: Any) -> Any:
+        nonlocal turn
+        turn += 1
+        say(f"rollout turn {turn}/{max_steps}: {len(prompts)} of {n_traj} trajectories still playing")
+        return act(prompts, choices)
+
+    return traced
 
 
 def _index_phase_actor(
@@ -329,13 +372,16 @@ def _run(
     t_start: float,
     return_experiences: bool,
     orchestrator: Any = None,
+    index: AnchorIndex | None = None,
 ) -> dict[str, Any]:
     g = cfg.gigpo
     batch_key = cfg.batch_key or f"gigpo-{cfg.seed}-{uuid.uuid4().hex[:8]}"
 
     tasks = make_tasks(cfg.tasks, size=cfg.map_size, seed=cfg.seed)
     t0 = time.perf_counter()
-    exps = run_episodes(tasks, cfg.n, act, max_steps=cfg.max_steps, batch=batch_key)
+    say(f"rollout: {len(tasks)} tasks x {cfg.n} runs, up to {cfg.max_steps} turns ({cfg.policy} policy)")
+    traced = _announce_turns(act, say, len(tasks) * cfg.n, cfg.max_steps)
+    exps = run_episodes(tasks, cfg.n, traced, max_steps=cfg.max_steps, batch=batch_key)
     t_rollout = time.perf_counter() - t0
     say(f"rollout: {len(tasks)} tasks x {cfg.n} runs, {len(exps)} steps in {t_rollout:.2f}s")
 
@@ -359,7 +405,8 @@ def _run(
             orchestrator, cfg, batch_key, steps, [t.task_id for t in tasks], task_ids, hashes, pure.returns, say
         )
     else:
-        index = make_anchor_index(cfg.redis_url, prefix=cfg.prefix, ttl_s=cfg.ttl_s)
+        if index is None:
+            index = _open_index(cfg, say)
         backend = "redis" if cfg.redis_url else "memory"
         ctx = mp.get_context("spawn")
         step_adv = np.full(len(exps), np.nan)
@@ -374,6 +421,7 @@ def _run(
                 t_workers = time.perf_counter() - t0
                 say(f"workers: {len(pids)} processes started in {t_workers:.2f}s")
                 t0 = time.perf_counter()
+                say(f"index ({backend}): writing {len(steps)} steps")
                 if backend == "redis":
                     # trajectory-interleaved shards: the same anchor group is written concurrently
                     traj, _ = encode_keys(task_ids, np.array([e.eid.run for e in exps]))
@@ -389,6 +437,7 @@ def _run(
                 say(f"index ({backend}): {len(steps)} steps written in {t_write:.2f}s")
 
                 t0 = time.perf_counter()
+                say(f"advantages: {cfg.workers} workers querying the index for {len(steps)} step advantages")
                 task_code, _ = encode_keys(task_ids)
                 futures = []
                 for w in range(cfg.workers):
@@ -424,6 +473,7 @@ def _run(
     result: dict[str, Any] = {
         "algo": "gigpo",
         "backend": backend,
+        "policy": cfg.policy,
         "workers": cfg.workers,
         "batch_key": batch_key,
         "tasks": len(tasks),
