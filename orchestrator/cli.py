@@ -27,6 +27,11 @@ class Algo(str, Enum):
     gigpo = "gigpo"
 
 
+class Env(str, Enum):
+    frozenlake = "frozenlake"
+    sokoban = "sokoban"
+
+
 class Backend(str, Enum):
     vllm = "vllm"
     scripted = "scripted"
@@ -72,7 +77,8 @@ _GIGPO_ROWS = [  # (summary key, label), in table order
     ("backend", "anchor index"),
     ("workers", "advantage workers"),
     ("batch_key", "batch key"),
-    ("tasks", "tasks (FrozenLake maps)"),
+    ("env", "environment"),
+    ("tasks", "tasks (maps / rooms)"),
     ("trajectories", "trajectories"),
     ("steps", "steps"),
     ("mean_trajectory_length", "mean trajectory length (turns)"),
@@ -114,7 +120,8 @@ def gigpo_table(summary: dict) -> Table:
 
 @app.command()
 def demo(
-    algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: FrozenLake agent."),
+    algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: multi-turn agent (--env)."),
+    env: Env | None = typer.Option(None, help="GiGPO: the environment, frozenlake (default) or sokoban (textarena's rooms)."),
     backend: Backend | None = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
     batches: int | None = typer.Option(None, min=1, help="DAPO: train batches to emit (default 4)."),
     redis_url: str | None = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
@@ -133,7 +140,8 @@ def demo(
         from orchestrator.gigpo_job import GiGPOJobConfig, GiGPOJobError, run_gigpo_job
 
         policy = None if backend is None else "vllm" if backend is Backend.vllm else "random"  # scripted: random play
-        cfg = load_yaml_model(config, GiGPOJobConfig, {"redis_url": redis_url, "out_dir": out, "policy": policy})
+        cfg = load_yaml_model(config, GiGPOJobConfig,
+                              {"redis_url": redis_url, "out_dir": out, "policy": policy, "env": env and env.value})
         defaults = {"policy": "vllm", "out_dir": Path("runs/demo")}  # the demo plays with the real model
         cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None or k not in cfg.model_fields_set})
         out = cfg.out_dir

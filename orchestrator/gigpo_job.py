@@ -1,10 +1,11 @@
-"""One GiGPO batch end to end: FrozenLake rollouts, anchor index, parallel advantage workers.
+"""One GiGPO batch end to end: environment rollouts, anchor index, parallel advantage workers.
 
 :func:`run_gigpo_job` is what ``trinity-dso demo --algo gigpo`` calls. It
 
-1. draws ``tasks`` distinct FrozenLake maps and rolls out ``n`` trajectories of each in
-   lockstep (:func:`orchestrator.envs.frozenlake.run_episodes`) with a seeded random policy
-   or an ``act`` callable (e.g. :func:`orchestrator.envs.frozenlake.engine_act` over the vLLM
+1. draws ``tasks`` distinct FrozenLake maps or Sokoban rooms (``cfg.env``) and rolls out ``n``
+   trajectories of each in lockstep (``run_episodes`` of :mod:`orchestrator.envs.frozenlake`
+   or :mod:`orchestrator.envs.sokoban`, one contract) with a seeded random policy or an
+   ``act`` callable (e.g. :func:`orchestrator.envs.frozenlake.engine_act` over the vLLM
    engine actor);
 2. computes step returns (GiGPO Eq. 5) and episode advantages (Eq. 3) in the coordinator
    (cheap, one pass of :mod:`algos.gigpo`);
@@ -41,13 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
 from orchestrator.anchor_index import AnchorIndex, AnchorStep, RedisAnchorIndex, _redact, make_anchor_index
-from orchestrator.envs.frozenlake import (
-    Act,
-    engine_act,
-    make_tasks,
-    random_act,
-    run_episodes,
-)
+from orchestrator.envs import frozenlake, sokoban
+from orchestrator.envs.frozenlake import Act, engine_act, random_act
+from orchestrator.tasks import Task
 from orchestrator.types import Experience
 
 __all__ = ["GiGPOJobConfig", "GiGPOJobError", "run_gigpo_job", "steps_for_index"]
@@ -62,10 +59,17 @@ class GiGPOJobConfig(BaseModel):
     """Settings of one GiGPO demo batch.
 
     Attributes:
-        tasks: number of distinct FrozenLake maps (tasks), >= 1.
+        env: the multi-turn environment: ``"frozenlake"`` (gymnasium FrozenLake,
+            :mod:`orchestrator.envs.frozenlake`) or ``"sokoban"`` (textarena's Sokoban rooms
+            and moves, :mod:`orchestrator.envs.sokoban`).
+        tasks: number of distinct maps / rooms (tasks), >= 1.
         n: trajectories per task (group size), >= 1. verl-agent's FrozenLake-like runs use 8.
         max_steps: turn limit per trajectory, >= 1.
-        map_size: FrozenLake grid side, >= 2 (4 = gymnasium's 4x4).
+        map_size: FrozenLake grid side, >= 2 (4 = gymnasium's 4x4); FrozenLake only.
+        room_size: Sokoban room side including the outer wall, >= 5 (6 = textarena's and
+            verl-agent's 6x6); Sokoban only.
+        num_boxes: Sokoban boxes (and targets) per room, >= 1 (verl-agent's GiGPO runs: 1);
+            Sokoban only.
         redis_url: ``redis://host:port/db`` for a :class:`RedisAnchorIndex`; None for the
             in-process memory index.
         prefix: Redis key namespace (e.g. ``dso:<run name>``).
@@ -90,10 +94,13 @@ class GiGPOJobConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    env: Literal["frozenlake", "sokoban"] = "frozenlake"
     tasks: int = Field(8, ge=1)
     n: int = Field(8, ge=1)
     max_steps: int = Field(12, ge=1)
     map_size: int = Field(4, ge=2)
+    room_size: int = Field(6, ge=5)
+    num_boxes: int = Field(1, ge=1)
     redis_url: str | None = None
     prefix: str = "dso:gigpo"
     batch_key: str | None = None
@@ -198,13 +205,13 @@ def run_gigpo_job(
             actor - instead of spawned processes. The batch is dropped through the actor
             (``anchor_drop``, which records the group sizes in its metrics) unless ``keep_batch``.
     Returns:
-        ``{"algo": "gigpo", "backend": "memory"|"redis" (the anchor-index store),
+        ``{"algo": "gigpo", "env": "frozenlake"|"sokoban", "backend": "memory"|"redis" (the anchor-index store),
         "policy": "random"|"engine"|"vllm" (the rollout policy, ``cfg.policy``), "workers", "batch_key", "tasks",
         "trajectories", "steps", "anchor_groups", "anchor_group_fraction" (fraction of steps
         whose anchor group has more than one member), "informative_step_fraction" (fraction of
         steps whose anchor group's returns differ, i.e. A_S != 0), "group_size_histogram" ({size: groups}),
         "mean_abs_episode_advantage", "mean_abs_step_advantage", "mean_abs_advantage",
-        "success_rate" (fraction of trajectories reaching the goal), "invalid_action_rate",
+        "success_rate" (fraction of trajectories reaching the goal / solving the room), "invalid_action_rate",
         "mean_trajectory_length", "max_abs_diff_vs_pure", "timings": {"workers_start_s",
         "rollout_s", "returns_s", "index_write_s", "advantage_s", "total_s"}}`` (seconds) plus ``"experiences"``
         when asked.
@@ -365,6 +372,13 @@ def _index_phase_actor(
     return backend, step_adv, t_workers, t_write, t_adv
 
 
+def _env_tasks(cfg: GiGPOJobConfig) -> tuple[list[Task], Callable[..., list[Experience]]]:
+    """The job's tasks and the ``run_episodes`` of ``cfg.env`` (both modules share its contract)."""
+    if cfg.env == "sokoban":
+        return sokoban.make_tasks(cfg.tasks, size=cfg.room_size, num_boxes=cfg.num_boxes, seed=cfg.seed), sokoban.run_episodes
+    return frozenlake.make_tasks(cfg.tasks, size=cfg.map_size, seed=cfg.seed), frozenlake.run_episodes
+
+
 def _run(
     cfg: GiGPOJobConfig,
     act: Act,
@@ -377,9 +391,9 @@ def _run(
     g = cfg.gigpo
     batch_key = cfg.batch_key or f"gigpo-{cfg.seed}-{uuid.uuid4().hex[:8]}"
 
-    tasks = make_tasks(cfg.tasks, size=cfg.map_size, seed=cfg.seed)
+    tasks, run_episodes = _env_tasks(cfg)
     t0 = time.perf_counter()
-    say(f"rollout: {len(tasks)} tasks x {cfg.n} runs, up to {cfg.max_steps} turns ({cfg.policy} policy)")
+    say(f"rollout: {len(tasks)} {cfg.env} tasks x {cfg.n} runs, up to {cfg.max_steps} turns ({cfg.policy} policy)")
     traced = _announce_turns(act, say, len(tasks) * cfg.n, cfg.max_steps)
     exps = run_episodes(tasks, cfg.n, traced, max_steps=cfg.max_steps, batch=batch_key)
     t_rollout = time.perf_counter() - t0
@@ -472,6 +486,7 @@ def _run(
     sizes = Counter(pure.anchor_ids.tolist())
     result: dict[str, Any] = {
         "algo": "gigpo",
+        "env": cfg.env,
         "backend": backend,
         "policy": cfg.policy,
         "workers": cfg.workers,
