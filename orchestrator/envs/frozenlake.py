@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, run_lockstep
 from orchestrator.tasks import Task
-from orchestrator.types import Experience, ExperienceId
+from orchestrator.types import Experience
 
 ACTIONS: tuple[str, ...] = ("left", "down", "right", "up")
 """Action words in gymnasium's FrozenLake action order (0 left, 1 down, 2 right, 3 up)."""
@@ -39,13 +40,6 @@ SYSTEM_PROMPT = (
     "FrozenLake. P is you, F is ice, H is a hole, G is the goal. "
     "Reach G without stepping on H. Answer with one word: left, down, right or up."
 )
-
-Act = Callable[[list[list[dict[str, str]]], list[str]], list[dict[str, Any]]]
-
-
-class EnvError(ValueError):
-    """Bad environment input: a task without a map, a policy answer of the wrong shape."""
-
 
 def state_hash(desc: Sequence[str], row: int, col: int) -> str:
     """Canonical ``env_state_hash`` of an agent at (row, col) on map ``desc``.
@@ -182,6 +176,50 @@ def engine_act(engine: Any, *, temperature: float = 1.0, seed: int | None = 0, t
     return act
 
 
+class _State(NamedTuple):
+    """One trajectory: the gymnasium env (mutable) and the map and agent cell (fixed per state)."""
+
+    env: Any
+    desc: list[str]
+    row: int
+    col: int
+
+
+class _FrozenLake:
+    """FrozenLake behind :class:`orchestrator.envs.lockstep.LockstepEnv` (gymnasium's ``FrozenLakeEnv``)."""
+
+    action_order = "left, down, right, up"
+    num_actions = 4
+    choices_distinct_ignoring_case = False
+    info_keys = BASE_INFO_KEYS
+
+    def reset(self, task: Task, run: int) -> _State:
+        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
+        desc = task.meta.get("desc")
+        if not desc:
+            raise EnvError(f"task {task.task_id!r}: meta['desc'] (the FrozenLake map) is missing")
+        env = FrozenLakeEnv(desc=list(desc), is_slippery=bool(task.meta.get("is_slippery", False)))
+        obs, _ = env.reset(seed=run)
+        return _State(env, list(desc), *divmod(int(obs), len(desc[0])))
+
+    def prompt(self, s: _State) -> list[dict[str, str]]:
+        return make_prompt(s.desc, s.row, s.col)
+
+    def state_hash(self, s: _State) -> str:
+        return state_hash(s.desc, s.row, s.col)
+
+    def render(self, s: _State) -> str:
+        return render_grid(s.desc, s.row, s.col)
+
+    def step(self, s: _State, action: int | None, last_turn: bool) -> tuple[_State, float, bool, dict[str, Any]]:
+        if action is None:
+            return s, 0.0, False, {}
+        obs, rew, terminated, _, _ = s.env.step(action)
+        row, col = divmod(int(obs), len(s.desc[0]))
+        return s._replace(row=row, col=col), float(rew), terminated, {}
+
+
 def run_episodes(
     tasks: Sequence[Task],
     n: int,
@@ -222,84 +260,5 @@ def run_episodes(
             list of the wrong length or without ``text``.
         ValueError: ``n < 1``, ``max_steps < 1`` or not 4 choices.
     """
-    from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
-
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    if len(choices) != 4 or len(set(choices)) != 4:
-        raise ValueError(f"choices must be 4 distinct action words (left, down, right, up order), got {choices!r}")
-    ids = [t.task_id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise EnvError(f"task ids must be distinct, got {ids!r}")
-    words = [c.lower() for c in choices]
-
-    envs, descs, pos, trajs = [], [], [], []
-    for t in tasks:
-        desc = t.meta.get("desc")
-        if not desc:
-            raise EnvError(f"task {t.task_id!r}: meta['desc'] (the FrozenLake map) is missing")
-        for run in range(n):
-            env = FrozenLakeEnv(desc=list(desc), is_slippery=bool(t.meta.get("is_slippery", False)))
-            obs, _ = env.reset(seed=run)
-            envs.append(env)
-            descs.append(list(desc))
-            pos.append(int(obs))
-            trajs.append((t.task_id, run, []))
-    size = [len(d[0]) for d in descs]
-    live = list(range(len(envs)))
-    for turn in range(max_steps):
-        if not live:
-            break
-        states = [divmod(pos[i], size[i]) for i in live]
-        prompts = [make_prompt(descs[i], r, c) for i, (r, c) in zip(live, states, strict=True)]
-        answers = act(prompts, list(choices))
-        if not isinstance(answers, list) or len(answers) != len(live):
-            got = len(answers) if isinstance(answers, list) else type(answers).__name__
-            raise EnvError(f"act returned {got} answers for {len(live)} prompts (turn {turn})")
-        still = []
-        for i, (r, c), ans in zip(live, states, answers, strict=True):
-            if not isinstance(ans, dict) or "text" not in ans:
-                raise EnvError(f"act answer for task {trajs[i][0]!r} run {trajs[i][1]} turn {turn} has no 'text': {ans!r}")
-            word = str(ans["text"]).strip().lower()
-            invalid = word not in words
-            reward, terminated = 0.0, False
-            if not invalid:
-                obs, rew, terminated, _, _ = envs[i].step(words.index(word))
-                pos[i], reward = int(obs), float(rew)
-            truncated = not terminated and turn + 1 >= max_steps
-            last = terminated or truncated
-            prompt_ids = [int(x) for x in ans.get("prompt_token_ids") or []]
-            token_ids = [int(x) for x in ans.get("token_ids") or []]
-            trajs[i][2].append(
-                Experience(
-                    eid=ExperienceId(task=trajs[i][0], run=trajs[i][1], step=turn, batch=batch),
-                    tokens=prompt_ids + token_ids,
-                    prompt_length=len(prompt_ids),
-                    logprobs=[float(x) for x in ans.get("logprobs") or []],
-                    reward=reward,
-                    response_text=str(ans["text"]),
-                    info={
-                        "env_state_hash": state_hash(descs[i], r, c),
-                        "invalid_action": invalid,
-                        "action": None if invalid else word,
-                        "state_text": render_grid(descs[i], r, c),
-                        "last": last,
-                        "terminated": bool(terminated),
-                        "truncated": bool(truncated),
-                        "policy_version": policy_version,
-                    },
-                    metrics={"invalid_action": float(invalid)},
-                )
-            )
-            if not last:
-                still.append(i)
-        live = still
-    out: list[Experience] = []
-    for _, _, steps in trajs:
-        success = float(steps[-1].reward > 0 and steps[-1].info["terminated"])
-        for e in steps:
-            e.metrics["success"] = success
-        out.extend(steps)
-    return out
+    return run_lockstep(tasks, n, act, env=_FrozenLake(), max_steps=max_steps, batch=batch,
+                        policy_version=policy_version, choices=choices)

@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from orchestrator.envs.frozenlake import Act, EnvError, engine_act, random_act
+from orchestrator.envs.lockstep import run_lockstep
 from orchestrator.tasks import Task
-from orchestrator.types import Experience, ExperienceId
+from orchestrator.types import Experience
 
 __all__ = [
     "ACTIONS", "KIND", "Act", "EnvError", "engine_act", "make_tasks", "random_act", "render_grid",
@@ -240,16 +241,56 @@ def _env_state(env: Any) -> tuple[list[Cell], Cell]:
     return boxes, (int(env.player_position[0]), int(env.player_position[1]))
 
 
-def run_episodes(
-    tasks: Sequence[Task],
-    n: int,
-    act: Act,
-    *,
-    max_steps: int = 15,
-    batch: str = "",
-    policy_version: int = 0,
-    choices: Sequence[str] = ACTIONS,
-) -> list[Experience]:
+class _State(NamedTuple):
+    """One trajectory: textarena's env (mutable) and the room, boxes and player (fixed per state)."""
+
+    env: Any
+    layout: list[str]
+    boxes: list[Cell]
+    player: Cell
+
+
+class _Sokoban:
+    """Sokoban behind :class:`orchestrator.envs.lockstep.LockstepEnv` (textarena's ``SokobanEnv._push``)."""
+
+    action_order = "up, down, left, right"
+    num_actions = 4
+    choices_distinct_ignoring_case = True
+    info_keys = (
+        "env_state_hash", "invalid_action", "blocked", "box_pushed", "action", "state_text", "boxes_on_targets",
+        "last", "terminated", "truncated", "policy_version",
+    )
+
+    def reset(self, task: Task, run: int) -> _State:
+        missing = [k for k in ("layout", "boxes", "player") if not task.meta.get(k)]
+        if missing:
+            raise EnvError(f"task {task.task_id!r}: meta{missing!r} (the Sokoban room) is missing")
+        layout = [str(row) for row in task.meta["layout"]]
+        env = _new_env(layout, task.meta["boxes"], task.meta["player"])
+        return _State(env, layout, *_env_state(env))
+
+    def prompt(self, s: _State) -> list[dict[str, str]]:
+        return make_prompt(s.layout, s.boxes, s.player)
+
+    def state_hash(self, s: _State) -> str:
+        return state_hash(s.layout, s.boxes, s.player)
+
+    def render(self, s: _State) -> str:
+        return render_grid(s.layout, s.boxes, s.player)
+
+    def step(self, s: _State, action: int | None, last_turn: bool) -> tuple[_State, float, bool, dict[str, Any]]:
+        moved = pushed = False
+        if action is not None:
+            moved, pushed = s.env._push(ACTIONS[action])  # textarena's transition function
+        on_target, solved = s.env._check_if_all_boxes_on_target()
+        terminated = bool(solved)
+        reward = 1.0 if terminated else (on_target / len(s.boxes) if last_turn else 0.0)
+        extra = {"blocked": action is not None and not moved, "box_pushed": bool(pushed), "boxes_on_targets": int(on_target)}
+        return _State(s.env, s.layout, *_env_state(s.env)), float(reward), terminated, extra
+
+
+def run_episodes(tasks: Sequence[Task], n: int, act: Act, *, max_steps: int = 15, batch: str = "", policy_version: int = 0,
+                 choices: Sequence[str] = ACTIONS) -> list[Experience]:
     """Roll out ``n`` trajectories of every task in lockstep; one Experience per step.
 
     The contract of :func:`orchestrator.envs.frozenlake.run_episodes`. Each turn, every live
@@ -265,12 +306,11 @@ def run_episodes(
     Args:
         tasks: Sokoban tasks from :func:`make_tasks` or :func:`task_from_grid`
             (``meta["layout"]``, ``meta["boxes"]``, ``meta["player"]`` required).
-        n: trajectories per task, >= 1.
-        act: the policy, ``act(prompts, choices) -> list[dict]`` with one dict per prompt
-            holding ``text``, ``token_ids``, ``prompt_token_ids``, ``logprobs``.
-        max_steps: turn limit per trajectory, >= 1.
-        batch: stored in ``eid.batch``.
-        policy_version: stored in ``info["policy_version"]``.
+        n, act, max_steps, batch, policy_version: as in
+            :func:`orchestrator.envs.frozenlake.run_episodes` (trajectories per task, >= 1; the
+            policy ``act(prompts, choices)``, one dict with ``text``, ``token_ids``,
+            ``prompt_token_ids``, ``logprobs`` per prompt; the turn limit, >= 1; stored in
+            ``eid.batch``; stored in ``info["policy_version"]``).
         choices: the action words, one per textarena action (4).
     Returns:
         Experiences ordered by (task order, run, step) with ``eid.task/run/step/batch``,
@@ -286,85 +326,5 @@ def run_episodes(
             list of the wrong length or without ``text``.
         ValueError: ``n < 1``, ``max_steps < 1`` or not 4 distinct choices.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    if len(choices) != 4 or len({c.lower() for c in choices}) != 4:
-        raise ValueError(f"choices must be 4 distinct action words (up, down, left, right order), got {choices!r}")
-    ids = [t.task_id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise EnvError(f"task ids must be distinct, got {ids!r}")
-    words = [c.lower() for c in choices]
-
-    envs, layouts, trajs = [], [], []
-    for t in tasks:
-        missing = [k for k in ("layout", "boxes", "player") if not t.meta.get(k)]
-        if missing:
-            raise EnvError(f"task {t.task_id!r}: meta{missing!r} (the Sokoban room) is missing")
-        layout = [str(row) for row in t.meta["layout"]]
-        for run in range(n):
-            envs.append(_new_env(layout, t.meta["boxes"], t.meta["player"]))
-            layouts.append(layout)
-            trajs.append((t.task_id, run, []))
-    live = list(range(len(envs)))
-    for turn in range(max_steps):
-        if not live:
-            break
-        states = [_env_state(envs[i]) for i in live]
-        prompts = [make_prompt(layouts[i], b, p) for i, (b, p) in zip(live, states, strict=True)]
-        answers = act(prompts, list(choices))
-        if not isinstance(answers, list) or len(answers) != len(live):
-            got = len(answers) if isinstance(answers, list) else type(answers).__name__
-            raise EnvError(f"act returned {got} answers for {len(live)} prompts (turn {turn})")
-        still = []
-        for i, (boxes, player), ans in zip(live, states, answers, strict=True):
-            if not isinstance(ans, dict) or "text" not in ans:
-                raise EnvError(f"act answer for task {trajs[i][0]!r} run {trajs[i][1]} turn {turn} has no 'text': {ans!r}")
-            env = envs[i]
-            word = str(ans["text"]).strip().lower()
-            invalid = word not in words
-            moved = pushed = False
-            if not invalid:
-                moved, pushed = env._push(ACTIONS[words.index(word)])  # textarena's transition function
-            on_target, solved = env._check_if_all_boxes_on_target()
-            terminated = bool(solved)
-            truncated = not terminated and turn + 1 >= max_steps
-            last = terminated or truncated
-            reward = 1.0 if terminated else (on_target / len(boxes) if truncated else 0.0)
-            prompt_ids = [int(x) for x in ans.get("prompt_token_ids") or []]
-            token_ids = [int(x) for x in ans.get("token_ids") or []]
-            trajs[i][2].append(
-                Experience(
-                    eid=ExperienceId(task=trajs[i][0], run=trajs[i][1], step=turn, batch=batch),
-                    tokens=prompt_ids + token_ids,
-                    prompt_length=len(prompt_ids),
-                    logprobs=[float(x) for x in ans.get("logprobs") or []],
-                    reward=float(reward),
-                    response_text=str(ans["text"]),
-                    info={
-                        "env_state_hash": state_hash(layouts[i], boxes, player),
-                        "invalid_action": invalid,
-                        "blocked": not invalid and not moved,
-                        "box_pushed": bool(pushed),
-                        "action": None if invalid else word,
-                        "state_text": render_grid(layouts[i], boxes, player),
-                        "boxes_on_targets": int(on_target),
-                        "last": last,
-                        "terminated": terminated,
-                        "truncated": bool(truncated),
-                        "policy_version": policy_version,
-                    },
-                    metrics={"invalid_action": float(invalid)},
-                )
-            )
-            if not last:
-                still.append(i)
-        live = still
-    out: list[Experience] = []
-    for _, _, steps in trajs:
-        success = float(steps[-1].info["terminated"])
-        for e in steps:
-            e.metrics["success"] = success
-        out.extend(steps)
-    return out
+    return run_lockstep(tasks, n, act, env=_Sokoban(), max_steps=max_steps, batch=batch,
+                        policy_version=policy_version, choices=choices)
