@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, run_lockstep
+from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, distinct_tasks, run_lockstep
 from orchestrator.tasks import Task
 from orchestrator.types import Experience
 
@@ -103,26 +103,20 @@ def make_tasks(num_tasks: int, *, size: int = 4, p: float = 0.8, seed: int = 0, 
         raise ValueError(f"size must be >= 2, got {size}")
     if not 0 < p <= 1:
         raise ValueError(f"p must be in (0, 1], got {p}")
-    tasks: list[Task] = []
-    seen: set[tuple[str, ...]] = set()
-    for k in range(100 * num_tasks + 1000):
-        desc = [str(row) for row in generate_random_map(size=size, p=p, seed=seed + k)]
-        key = tuple(desc)
-        if key in seen:
-            continue
-        seen.add(key)
+    def draw(map_seed: int) -> tuple[tuple[str, ...], Any]:
+        desc = [str(row) for row in generate_random_map(size=size, p=p, seed=map_seed)]
         digest = hashlib.sha1("\n".join(desc).encode()).hexdigest()[:10]
-        tasks.append(
-            Task(
-                task_id=f"{KIND}{size}-{digest}",
-                prompt=make_prompt(desc, 0, 0),
-                answer="",
-                kind=KIND,
-                meta={"desc": desc, "size": size, "is_slippery": is_slippery, "map_seed": seed + k},
-            )
+        return tuple(desc), lambda: Task(
+            task_id=f"{KIND}{size}-{digest}",
+            prompt=make_prompt(desc, 0, 0),
+            answer="",
+            kind=KIND,
+            meta={"desc": desc, "size": size, "is_slippery": is_slippery, "map_seed": map_seed},
         )
-        if len(tasks) == num_tasks:
-            return tasks
+
+    tasks = distinct_tasks(num_tasks, seed, 100 * num_tasks + 1000, draw)
+    if len(tasks) == num_tasks:
+        return tasks
     raise ValueError(f"only {len(tasks)} distinct {size}x{size} maps (p={p}) found, asked for {num_tasks}")
 
 

@@ -12,7 +12,7 @@ thin wrapper around :func:`run_lockstep`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 from orchestrator.tasks import Task
@@ -179,3 +179,34 @@ def run_lockstep(
             e.metrics["success"] = success
         out.extend(steps)
     return out
+
+
+def distinct_tasks(
+    num_tasks: int, seed: int, max_seeds: int, draw: Callable[[int], tuple[Hashable, Callable[[], Task]] | None]
+) -> list[Task]:
+    """Tasks from consecutive seeds ``seed, seed + 1, ...``, the first of each distinct instance.
+
+    Generators can return the same map or room for different seeds (gymnasium's
+    ``generate_random_map`` does); a repeated instance would make two tasks of one.
+
+    Args:
+        num_tasks: how many distinct tasks to return, >= 1.
+        seed: first seed.
+        max_seeds: seeds to try at most.
+        draw: ``draw(seed) -> (key, build)``: the instance's canonical key and a function that
+            builds its task, or None when that seed yields no instance.
+    Returns:
+        Up to ``num_tasks`` tasks in seed order; fewer when ``max_seeds`` ran out (the caller
+        says what it asked for).
+    """
+    tasks: list[Task] = []
+    seen: set[Hashable] = set()
+    for k in range(max_seeds):
+        got = draw(seed + k)
+        if got is None or got[0] in seen:
+            continue
+        seen.add(got[0])
+        tasks.append(got[1]())
+        if len(tasks) == num_tasks:
+            break
+    return tasks

@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from orchestrator.envs.frozenlake import Act, EnvError, engine_act, random_act
-from orchestrator.envs.lockstep import run_lockstep
+from orchestrator.envs.lockstep import distinct_tasks, run_lockstep
 from orchestrator.tasks import Task
 from orchestrator.types import Experience
 
@@ -201,24 +201,21 @@ def make_tasks(num_tasks: int, *, size: int = 6, num_boxes: int = 1, seed: int =
         raise ValueError(f"size must be >= 5 (a 4x4 room has only corner cells for a box), got {size}")
     if num_boxes < 1:
         raise ValueError(f"num_boxes must be >= 1, got {num_boxes}")
-    tasks: list[Task] = []
-    seen: set[str] = set()
-    for k in range(20 * num_tasks + 200):
+    def draw(room_seed: int) -> tuple[str, Any] | None:
         try:
             fixed, state, _ = generate_room(dim=(size, size), num_steps=int(1.7 * (size + size)), num_boxes=num_boxes,
-                                            seed=seed + k, tries=100)
+                                            seed=room_seed, tries=100)
         except (RuntimeError, RuntimeWarning):
-            continue
+            return None
         layout = ["".join(_LAYOUT_CHARS[int(v)] for v in row) for row in fixed]
         boxes = sorted((int(r), int(c)) for r, c in np.argwhere((state == 3) | (state == 4)))
         pr, pc = (int(x) for x in np.argwhere(state == 5)[0])
         key = state_hash(layout, boxes, (pr, pc))
-        if key in seen:
-            continue
-        seen.add(key)
-        tasks.append(_task(layout, boxes, (pr, pc), size=size, num_boxes=num_boxes, room_seed=seed + k))
-        if len(tasks) == num_tasks:
-            return tasks
+        return key, lambda: _task(layout, boxes, (pr, pc), size=size, num_boxes=num_boxes, room_seed=room_seed)
+
+    tasks = distinct_tasks(num_tasks, seed, 20 * num_tasks + 200, draw)
+    if len(tasks) == num_tasks:
+        return tasks
     raise ValueError(f"only {len(tasks)} distinct {size}x{size} rooms with {num_boxes} box(es) found, asked for {num_tasks}")
 
 
