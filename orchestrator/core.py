@@ -234,8 +234,11 @@ class OrchestratorCore:
                 f"metrics[{judge!r}]: missing in run {run} of task {group.task_id!r} (the filter judges it)"
             ) from None
 
-    def validate(self, groups: list[Group]) -> None:
+    def validate(self, groups: list[Group]) -> np.ndarray:
         """Check groups before any state changes; raise naming the field, task and value.
+
+        Returns:
+            (G, n) float64: the judged value (``policy.filter.judge``) of every rollout.
 
         Raises:
             UnknownTaskError: a task id outside the task set.
@@ -243,6 +246,7 @@ class OrchestratorCore:
                 experiences of another task, non-finite reward or judged value.
         """
         n = self.policy.group_size
+        judged_rows = []
         for g in groups:
             self.task_index(g.task_id)
             if not g.rollouts:
@@ -267,6 +271,8 @@ class OrchestratorCore:
             bad = next((v for v in judged if not math.isfinite(v)), None)
             if bad is not None:
                 raise InvalidGroupError(f"{self.policy.filter.judge}: non-finite value {bad!r} in task {g.task_id!r}")
+            judged_rows.append(judged)
+        return np.array(judged_rows, dtype=np.float64)
 
     def submit(self, groups: list[Group]) -> list[Group]:
         """Classify and take ownership of groups (all validated first; a rejected call changes nothing).
@@ -280,9 +286,8 @@ class OrchestratorCore:
         """
         if not groups:
             return []
-        self.validate(groups)
+        values = self.validate(groups)
         f = self.policy.filter
-        values = np.array([self._judged(g) for g in groups], dtype=np.float64)
         rewards = np.array([[r.reward for r in g.rollouts] for g in groups], dtype=np.float64)
         keep, reasons = classify_groups(
             values, std_tol=f.std_tol, correct_threshold=f.correct_threshold, wrong_threshold=f.wrong_threshold, band=f.band
