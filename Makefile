@@ -44,7 +44,7 @@ demo-gigpo: $(STAMP)
 $(VENV)/.prometheus: | $(STAMP)
 	command -v prometheus >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
-	  echo "prometheus not installed: tests/test_metrics.py::test_a_real_prometheus_scrapes_the_service will skip"
+	  echo "prometheus not installed: tests/service/test_metrics.py::test_a_real_prometheus_scrapes_the_service will skip"
 	touch $@
 
 test: $(STAMP) $(VENV)/.prometheus

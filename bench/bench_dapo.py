@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from algos.dapo import classify_groups, group_advantages
-from orchestrator.core import OrchestratorCore
-from orchestrator.policy import ResamplingPolicy
-from orchestrator.scripted import ScriptedRolloutSource, ScriptedTasks
+from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
 
 
 def reference_filter_and_advantages(rewards: list[list[float]]) -> tuple[list[bool], list[float]]:

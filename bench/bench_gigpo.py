@@ -4,8 +4,8 @@ Times, in one process on the same synthetic batch:
 
 * ``reference`` - a naive dict-and-loop Python implementation (the baseline, ratio 1.0);
 * ``pure`` - :func:`algos.gigpo.gigpo_advantages` (returns, A^E, anchor groups, A^S, A);
-* ``memory index`` / ``redis index`` - :class:`orchestrator.anchor_index.MemoryAnchorIndex`
-  and :class:`~orchestrator.anchor_index.RedisAnchorIndex`: insert all steps (returns given),
+* ``memory index`` / ``redis index`` - :class:`orchestrator.anchors.index.MemoryAnchorIndex`
+  and :class:`~orchestrator.anchors.index.RedisAnchorIndex`: insert all steps (returns given),
   then query every step's A^S; reported as insert, query and total.
 
 Each entry is the best of ``--repeats`` runs; ratios are ``time / reference time`` (below 1
@@ -25,12 +25,9 @@ from collections import defaultdict
 import numpy as np
 
 from algos.gigpo import GiGPOConfig, gigpo_advantages
-from orchestrator.anchor_index import (
-    AnchorIndexError,
-    AnchorStep,
-    MemoryAnchorIndex,
-    RedisAnchorIndex,
-)
+from orchestrator.anchors.index import AnchorIndexError, AnchorStep
+from orchestrator.anchors.memory import MemoryAnchorIndex
+from orchestrator.anchors.redis_index import RedisAnchorIndex
 
 
 def make_batch(tasks: int = 64, runs: int = 8, steps: int = 50, states: int = 16, seed: int = 0):

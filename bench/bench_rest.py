@@ -61,7 +61,8 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from orchestrator.rest import OrchestratorConfig, build_app, ensure_orchestrator
+    from orchestrator.service.config import OrchestratorConfig, ensure_orchestrator
+    from orchestrator.service.serve import build_app
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
     try:

@@ -21,9 +21,9 @@ import argparse
 import numpy as np
 
 from algos.dapo import classify_groups
-from orchestrator.core import OrchestratorCore
-from orchestrator.policy import ResamplingPolicy
-from orchestrator.scripted import BernoulliRolloutSource, ScriptedTasks
+from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 
 
 def reference_dapo(source, tasks, batches: int, target: int, n: int, gen_batch: int) -> dict:

@@ -165,9 +165,9 @@ class DSOService:
         """Replace the actor behind the service by a fresh one (scripted rollouts, fresh metrics)."""
         import ray
 
-        from orchestrator.actor import get_or_create_orchestrator
-        from orchestrator.metrics import DSOMetrics
-        from orchestrator.scripted import ScriptedRolloutSource, ScriptedTasks
+        from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
+        from orchestrator.service.actor import get_or_create_orchestrator
+        from orchestrator.service.metrics import DSOMetrics
 
         self.stop()
         tasks = kwargs.pop("tasks", sorted((script or {}).keys()) or ["t0"])
@@ -198,14 +198,14 @@ class DSOService:
 
 @pytest.fixture(scope="module")
 def dso_service(serve_http, request):
-    """``orchestrator.rest`` deployed at ``/`` of :func:`serve_http` for one test module.
+    """``orchestrator.service.app`` deployed at ``/`` of :func:`serve_http` for one test module.
 
     The module may set ``DSO_TOKEN`` (bearer token; default none). Yields a :class:`DSOService`;
     call ``.orchestrator(policy, script)`` in each test for a fresh actor behind it.
     """
     from ray import serve
 
-    from orchestrator.rest import build_app
+    from orchestrator.service.serve import build_app
 
     name = "dso-" + request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
     token = getattr(request.module, "DSO_TOKEN", None)

@@ -1,1 +1,1 @@
-import orchestrator.trinity_adapters  # noqa: F401  registers the dso_* algorithms, losses, advantage fns, operator and selector into Trinity-RFT
+import orchestrator.trinity.plugin  # noqa: F401  registers the dso_* algorithms, losses, advantage fns, operator and selector into Trinity-RFT

@@ -1,13 +1,1 @@
-"""Multi-turn environments for agentic GiGPO rollouts (one module per environment)."""
-
-from orchestrator.envs.frozenlake import (
-    ACTIONS,
-    engine_act,
-    make_tasks,
-    random_act,
-    render_grid,
-    run_episodes,
-    state_hash,
-)
-
-__all__ = ["ACTIONS", "engine_act", "make_tasks", "random_act", "render_grid", "run_episodes", "state_hash"]
+"""Multi-turn environments for agentic GiGPO rollouts: the lockstep driver, one module per environment, action policies."""

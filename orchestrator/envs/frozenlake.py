@@ -14,22 +14,18 @@ revisit of a cell, by any trajectory of the task, lands in the same group.
 :func:`run_episodes` steps all trajectories of all tasks in lockstep and calls the policy
 once per turn for every live trajectory: ``act(prompts, choices) -> list[dict]`` where each
 dict has ``text``, ``token_ids``, ``prompt_token_ids`` and ``logprobs`` (the shape of
-``VLLMEngine.chat_choice`` in :mod:`orchestrator.rollout`; :func:`engine_act` adapts the Ray
+``VLLMEngine.chat_choice`` in :mod:`orchestrator.rollout.engine`; :func:`engine_act` adapts the Ray
 actor, :func:`random_act` is a seeded random policy for tests and fast demos).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
-
+from orchestrator.core.types import Experience, Task
 from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, distinct_tasks, run_lockstep
-from orchestrator.tasks import Task
-from orchestrator.types import Experience
 
 ACTIONS: tuple[str, ...] = ("left", "down", "right", "up")
 """Action words in gymnasium's FrozenLake action order (0 left, 1 down, 2 right, 3 up)."""
@@ -120,56 +116,6 @@ def make_tasks(num_tasks: int, *, size: int = 4, p: float = 0.8, seed: int = 0, 
     raise ValueError(f"only {len(tasks)} distinct {size}x{size} maps (p={p}) found, asked for {num_tasks}")
 
 
-def random_act(seed: int = 0, *, invalid_prob: float = 0.0) -> Act:
-    """A seeded uniform-random policy with the ``act`` signature of :func:`run_episodes`.
-
-    Returns each choice with probability ``(1 - invalid_prob) / len(choices)``, and the
-    invalid word ``"jump"`` with ``invalid_prob``. ``token_ids`` is the choice's index
-    (``[len(choices)]`` for the invalid word), ``prompt_token_ids`` is empty, ``logprobs``
-    the log-probability of the draw.
-    """
-    if not 0 <= invalid_prob < 1:
-        raise ValueError(f"invalid_prob must be in [0, 1), got {invalid_prob}")
-    rng = np.random.default_rng(seed)
-
-    def act(prompts: list[list[dict[str, str]]], choices: list[str]) -> list[dict[str, Any]]:
-        k = len(choices)
-        picks = rng.integers(0, k, size=len(prompts))
-        invalid = rng.random(len(prompts)) < invalid_prob
-        lp = math.log((1 - invalid_prob) / k)
-        out = []
-        for i in range(len(prompts)):
-            if invalid[i]:
-                out.append({"text": "jump", "token_ids": [k], "prompt_token_ids": [], "logprobs": [math.log(invalid_prob)]})
-            else:
-                out.append({"text": choices[picks[i]], "token_ids": [int(picks[i])], "prompt_token_ids": [], "logprobs": [lp]})
-        return out
-
-    return act
-
-
-def engine_act(engine: Any, *, temperature: float = 1.0, seed: int | None = 0, timeout_s: float = 600.0) -> Act:
-    """Adapt a ``VLLMRolloutEngine`` Ray actor's ``chat_choice`` to the ``act`` signature.
-
-    Call ``k`` (0, 1, ...) passes ``seed + k * 1_000_003`` so turns draw different samples
-    (the engine adds the prompt index). ``engine`` may also be a plain object with a
-    ``chat_choice`` method (called directly).
-    """
-    import ray
-
-    calls = [0]
-
-    def act(prompts: list[list[dict[str, str]]], choices: list[str]) -> list[dict[str, Any]]:
-        s = None if seed is None else seed + calls[0] * 1_000_003
-        calls[0] += 1
-        method = engine.chat_choice
-        if hasattr(method, "remote"):
-            return ray.get(method.remote(prompts, list(choices), temperature, s), timeout=timeout_s)
-        return method(prompts, list(choices), temperature, s)
-
-    return act
-
-
 class _State(NamedTuple):
     """One trajectory: the gymnasium env (mutable) and the map and agent cell (fixed per state)."""
 
@@ -220,8 +166,8 @@ def run_episodes(
     act: Act,
     *,
     max_steps: int = 12,
-    batch: str = "",
-    policy_version: int = 0,
+    round_tag: str = "",
+    model_version: int = 0,
     choices: Sequence[str] = ACTIONS,
 ) -> list[Experience]:
     """Roll out ``n`` trajectories of every task in lockstep; one Experience per step.
@@ -238,21 +184,21 @@ def run_episodes(
         act: the policy, ``act(prompts, choices) -> list[dict]`` with one dict per prompt
             holding ``text``, ``token_ids``, ``prompt_token_ids``, ``logprobs``.
         max_steps: turn limit per trajectory, >= 1.
-        batch: stored in ``eid.batch``.
-        policy_version: stored in ``info["policy_version"]``.
+        round_tag: stored in ``eid.round_tag``.
+        model_version: stored in ``info["model_version"]``.
         choices: the action words, one per gymnasium action (4).
     Returns:
-        Experiences ordered by (task order, run, step) with ``eid.task/run/step/batch``,
+        Experiences ordered by (task order, run, step) with ``eid.task/run/step/round_tag``,
         ``tokens = prompt_token_ids + token_ids``, ``prompt_length``, ``logprobs``,
         ``reward`` (step reward), ``response_text``; ``info``: ``env_state_hash`` (of the
         state *before* the action), ``invalid_action``, ``action`` (word or None),
         ``state_text`` (the grid), ``last`` (final step of its trajectory), ``terminated``,
-        ``truncated``, ``policy_version``; ``metrics``: ``success`` (1.0 when the trajectory
+        ``truncated``, ``model_version``; ``metrics``: ``success`` (1.0 when the trajectory
         reached the goal, on every step of it), ``invalid_action`` (0/1).
     Raises:
         EnvError: a task without ``meta["desc"]``, duplicate task ids, or a policy answer
             list of the wrong length or without ``text``.
         ValueError: ``n < 1``, ``max_steps < 1`` or not 4 choices.
     """
-    return run_lockstep(tasks, n, act, env=_FrozenLake(), max_steps=max_steps, batch=batch,
-                        policy_version=policy_version, choices=choices)
+    return run_lockstep(tasks, n, act, env=_FrozenLake(), max_steps=max_steps, round_tag=round_tag,
+                        model_version=model_version, choices=choices)

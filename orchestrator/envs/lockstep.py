@@ -4,7 +4,7 @@
 each turn, every live trajectory's state is shown to the policy as a prompt, the policy is
 called once for all of them (``act(prompts, choices) -> list[dict]``), each answer is parsed
 into an action index (or an invalid action) and the environment steps that trajectory. One
-:class:`~orchestrator.types.Experience` per step. Everything specific to an environment
+:class:`~orchestrator.core.types.Experience` per step. Everything specific to an environment
 (rooms, hashing, drawing, prompt text, move rules, extra ``info`` keys) sits behind the small
 :class:`LockstepEnv` protocol; the public ``run_episodes`` of each environment module is a
 thin wrapper around :func:`run_lockstep`.
@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
-from orchestrator.tasks import Task
-from orchestrator.types import Experience, ExperienceId
+from orchestrator.core.types import Experience, ExperienceId, Task
 
 Act = Callable[[list[list[dict[str, str]]], list[str]], list[dict[str, Any]]]
 
 BASE_INFO_KEYS: tuple[str, ...] = (
-    "env_state_hash", "invalid_action", "action", "state_text", "last", "terminated", "truncated", "policy_version",
+    "env_state_hash", "invalid_action", "action", "state_text", "last", "terminated", "truncated", "model_version",
 )
 """The ``info`` keys every step gets, in the order an environment without extra keys stores them."""
 
@@ -78,8 +77,8 @@ def run_lockstep(
     *,
     env: LockstepEnv,
     max_steps: int,
-    batch: str,
-    policy_version: int,
+    round_tag: str,
+    model_version: int,
     choices: Sequence[str],
 ) -> list[Experience]:
     """Roll out ``n`` trajectories of every task in lockstep; one Experience per step.
@@ -91,11 +90,11 @@ def run_lockstep(
     after ``max_steps`` turns (truncated).
 
     Returns:
-        Experiences ordered by (task order, run, step) with ``eid.task/run/step/batch``,
+        Experiences ordered by (task order, run, step) with ``eid.task/run/step/round_tag``,
         ``tokens = prompt_token_ids + token_ids``, ``prompt_length``, ``logprobs``, ``reward``,
         ``response_text``; ``info`` in ``env.info_keys`` order: ``env_state_hash`` and
         ``state_text`` of the state *before* the action, ``invalid_action``, ``action`` (word
-        or None), ``last``, ``terminated``, ``truncated``, ``policy_version`` and the step's
+        or None), ``last``, ``terminated``, ``truncated``, ``model_version`` and the step's
         extra keys; ``metrics``: ``invalid_action`` (0/1) and ``success`` (1.0 on every step
         of a trajectory whose last step terminated with a positive reward).
     Raises:
@@ -154,12 +153,12 @@ def run_lockstep(
                 "last": last,
                 "terminated": terminated,
                 "truncated": truncated,
-                "policy_version": policy_version,
+                "model_version": model_version,
                 **extra,
             }
             trajs[i][2].append(
                 Experience(
-                    eid=ExperienceId(task=trajs[i][0], run=trajs[i][1], step=turn, batch=batch),
+                    eid=ExperienceId(task=trajs[i][0], run=trajs[i][1], step=turn, round_tag=round_tag),
                     tokens=prompt_ids + token_ids,
                     prompt_length=len(prompt_ids),
                     logprobs=[float(x) for x in ans.get("logprobs") or []],

@@ -57,10 +57,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from orchestrator.envs.frozenlake import Act, EnvError, engine_act, random_act
-from orchestrator.envs.lockstep import distinct_tasks, run_lockstep
-from orchestrator.tasks import Task
-from orchestrator.types import Experience
+from orchestrator.core.types import Experience, Task
+from orchestrator.envs.lockstep import Act, EnvError, distinct_tasks, run_lockstep
+from orchestrator.envs.policies import engine_act, random_act
 
 __all__ = [
     "ACTIONS", "KIND", "Act", "EnvError", "engine_act", "make_tasks", "random_act", "render_grid",
@@ -255,7 +254,7 @@ class _Sokoban:
     choices_distinct_ignoring_case = True
     info_keys = (
         "env_state_hash", "invalid_action", "blocked", "box_pushed", "action", "state_text", "boxes_on_targets",
-        "last", "terminated", "truncated", "policy_version",
+        "last", "terminated", "truncated", "model_version",
     )
 
     def reset(self, task: Task, run: int) -> _State:
@@ -286,7 +285,7 @@ class _Sokoban:
         return _State(s.env, s.layout, *_env_state(s.env)), float(reward), terminated, extra
 
 
-def run_episodes(tasks: Sequence[Task], n: int, act: Act, *, max_steps: int = 15, batch: str = "", policy_version: int = 0,
+def run_episodes(tasks: Sequence[Task], n: int, act: Act, *, max_steps: int = 15, round_tag: str = "", model_version: int = 0,
                  choices: Sequence[str] = ACTIONS) -> list[Experience]:
     """Roll out ``n`` trajectories of every task in lockstep; one Experience per step.
 
@@ -303,19 +302,19 @@ def run_episodes(tasks: Sequence[Task], n: int, act: Act, *, max_steps: int = 15
     Args:
         tasks: Sokoban tasks from :func:`make_tasks` or :func:`task_from_grid`
             (``meta["layout"]``, ``meta["boxes"]``, ``meta["player"]`` required).
-        n, act, max_steps, batch, policy_version: as in
+        n, act, max_steps, round_tag, model_version: as in
             :func:`orchestrator.envs.frozenlake.run_episodes` (trajectories per task, >= 1; the
             policy ``act(prompts, choices)``, one dict with ``text``, ``token_ids``,
             ``prompt_token_ids``, ``logprobs`` per prompt; the turn limit, >= 1; stored in
-            ``eid.batch``; stored in ``info["policy_version"]``).
+            ``eid.round_tag``; stored in ``info["model_version"]``).
         choices: the action words, one per textarena action (4).
     Returns:
-        Experiences ordered by (task order, run, step) with ``eid.task/run/step/batch``,
+        Experiences ordered by (task order, run, step) with ``eid.task/run/step/round_tag``,
         ``tokens = prompt_token_ids + token_ids``, ``prompt_length``, ``logprobs``,
         ``reward`` (step reward), ``response_text``; ``info``: ``env_state_hash`` (of the
         state *before* the action), ``invalid_action``, ``blocked``, ``box_pushed``,
         ``action`` (word or None), ``state_text`` (the grid), ``boxes_on_targets``
-        (after the action), ``last``, ``terminated``, ``truncated``, ``policy_version``;
+        (after the action), ``last``, ``terminated``, ``truncated``, ``model_version``;
         ``metrics``: ``success`` (1.0 when the trajectory solved the room, on every step of
         it), ``invalid_action`` (0/1).
     Raises:
@@ -323,5 +322,5 @@ def run_episodes(tasks: Sequence[Task], n: int, act: Act, *, max_steps: int = 15
             list of the wrong length or without ``text``.
         ValueError: ``n < 1``, ``max_steps < 1`` or not 4 distinct choices.
     """
-    return run_lockstep(tasks, n, act, env=_Sokoban(), max_steps=max_steps, batch=batch,
-                        policy_version=policy_version, choices=choices)
+    return run_lockstep(tasks, n, act, env=_Sokoban(), max_steps=max_steps, round_tag=round_tag,
+                        model_version=model_version, choices=choices)

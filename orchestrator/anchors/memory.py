@@ -1,0 +1,144 @@
+"""In-process anchor index (the embedded default): thread safe, picklable as an independent snapshot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from orchestrator.anchors.index import AnchorConflictError, AnchorIndex, AnchorIndexError, AnchorStep, _histogram, _validate
+
+
+def _add_moment(g: list[float], r: float) -> None:
+    """Add ``r`` to moments ``[n, c, S1, S2]`` shifted by the group minimum ``c``.
+
+    Same operations, in the same order, as the Redis Lua script, so both backends hold the
+    same bits. A new minimum re-bases the sums (``S2 += 2*delta*S1 + n*delta^2``,
+    ``S1 += n*delta``, all terms >= 0, no cancellation).
+    """
+    n, c, s1, s2 = g
+    if r < c:
+        delta = c - r
+        s2 = s2 + 2 * delta * s1 + n * delta * delta
+        s1 = s1 + n * delta
+        c = r
+    d = r - c
+    g[0], g[1], g[2], g[3] = n + 1, c, s1 + d, s2 + d * d
+
+
+class _MemBatch:
+    def __init__(self) -> None:
+        self.steps: dict[tuple[str, int, int], tuple[str, float]] = {}
+        self.groups: dict[tuple[str, str], list[float]] = {}  # [n, shift, S1, S2]
+        self.run_count: dict[tuple[str, int], int] = {}
+        self.run_len: dict[tuple[str, int], int] = {}
+        self.done_runs: set[tuple[str, int]] = set()
+        self.done: dict[str, int] = {}
+        self.touched = time.monotonic()
+
+
+class MemoryAnchorIndex(AnchorIndex):
+    """In-process anchor index (dicts under a lock). Batches idle for ``ttl_s`` are dropped."""
+
+    def __init__(self, *, ttl_s: float = 6 * 3600.0) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        self.ttl_s = ttl_s
+        self._batches: dict[str, _MemBatch] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for k in [k for k, b in self._batches.items() if now - b.touched > self.ttl_s]:
+            del self._batches[k]
+
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
+        _validate(steps)
+        with self._lock:
+            self._expire()
+            b = self._batches.setdefault(batch_key, _MemBatch())
+            pending: dict[tuple[str, int, int], tuple[str, float]] = {}
+            for s in steps:  # validation pass: refuse the whole call on a conflict
+                key = (s.task, s.run, s.step)
+                payload = (s.state_hash, float(s.ret))
+                old = b.steps.get(key, pending.get(key))
+                if old is not None and old != payload:
+                    raise AnchorConflictError(
+                        f"MemoryAnchorIndex: step (task {s.task!r}, run {s.run}, step {s.step}) of batch {batch_key!r} "
+                        f"already stored as {old}, got {payload}"
+                    )
+                pending[key] = payload
+            added = 0
+            for s in steps:
+                key = (s.task, s.run, s.step)
+                rk = (s.task, s.run)
+                if key not in b.steps:
+                    r = float(s.ret)
+                    b.steps[key] = (s.state_hash, r)
+                    added += 1
+                    g = b.groups.get((s.task, s.state_hash))
+                    if g is None:
+                        b.groups[(s.task, s.state_hash)] = [1.0, r, 0.0, 0.0]
+                    else:
+                        _add_moment(g, r)
+                    b.run_count[rk] = b.run_count.get(rk, 0) + 1
+                if s.last:
+                    b.run_len[rk] = s.step + 1
+                if rk not in b.done_runs and rk in b.run_len and b.run_count.get(rk, 0) == b.run_len[rk]:
+                    b.done_runs.add(rk)
+                    b.done[s.task] = b.done.get(s.task, 0) + 1
+            b.touched = time.monotonic()
+            return added
+
+    def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        with self._lock:
+            self._expire()
+            b = self._batches.get(batch_key)
+            if b is None:
+                raise AnchorIndexError(f"MemoryAnchorIndex: batch {batch_key!r} is unknown (never written, dropped or expired)")
+            nan = [np.nan] * 4
+            m = np.array([b.groups.get(k, nan) for k in group_keys], dtype=np.float64).reshape(-1, 4)
+            return m, {t: b.done.get(t, 0) for t in tasks}
+
+    def completed_runs(self, batch_key: str) -> dict[str, int]:
+        with self._lock:
+            b = self._batches.get(batch_key)
+            return dict(b.done) if b is not None else {}
+
+    def group_sizes(self, batch_key: str) -> np.ndarray:
+        with self._lock:
+            b = self._batches.get(batch_key)
+            sizes = [int(g[0]) for g in b.groups.values()] if b is not None else []
+        return np.sort(np.asarray(sizes, dtype=np.int64))
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self._expire()
+            sizes = [int(g[0]) for b in self._batches.values() for g in b.groups.values()]
+            return {
+                "backend": "memory",
+                "batches": len(self._batches),
+                "entries": sum(len(b.steps) for b in self._batches.values()),
+                "groups": len(sizes),
+                "group_size_histogram": _histogram(sizes),
+            }
+
+    def drop(self, batch_key: str) -> int:
+        with self._lock:
+            b = self._batches.pop(batch_key, None)
+            return len(b.steps) if b is not None else 0
+
+

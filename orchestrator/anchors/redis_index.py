@@ -1,0 +1,311 @@
+"""Redis anchor index: one atomic Lua script per chunk of steps, keys with a TTL, epoch-guarded reads and writes."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.anchors.index import AnchorConflictError, AnchorIndex, AnchorIndexError, AnchorStep, _histogram, _validate
+
+_INSERT_LUA = (Path(__file__).with_name("insert.lua")).read_text()
+"""The insert script (KEYS and ARGV documented in the file)."""
+
+
+_KINDS = ("meta", "steps", "groups", "runs", "done")
+
+
+def _redact(url: str) -> str:
+    url = re.sub(r"//([^@/]*)@", "//***@", url)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", url)
+
+
+def _url_password(url: str) -> str | None:
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return parts.password and unquote(parts.password) or (parse_qs(parts.query).get("password") or [None])[0]
+    except ValueError:
+        return None
+
+
+def _field(task: str, *rest: Any) -> str:
+    # task prefixed by its UTF-8 byte length (as Lua's #task) so ids containing '|' cannot collide
+    return f"{len(task.encode())}:{task}|" + "|".join(str(x) for x in rest)
+
+
+class RedisAnchorIndex(AnchorIndex):
+    """Anchor index in Redis (see the module docstring for keys, atomicity and failures).
+
+    Args:
+        url: ``redis://[:password@]host:port/db``.
+        prefix: key namespace, e.g. ``dso:<run name>``; keys are ``{prefix}:{<batch>}:<kind>``
+            plus the registry set ``{prefix}:batches``.
+        ttl_s: keys expire this long after a batch's last write, > 0.
+        chunk_size: steps per Lua call, in [1, 2000] (all chunks go in one pipelined round
+            trip; each call is atomic and blocks the server for its duration, ~10 ms per
+            1000 steps).
+        read_retries: extra attempts for reads after a connection error (with backoff).
+        socket_timeout: seconds, for connect and commands.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "dso",
+        ttl_s: float = 6 * 3600.0,
+        chunk_size: int = 1000,
+        read_retries: int = 3,
+        socket_timeout: float = 5.0,
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+        if not 1 <= chunk_size <= 2000:  # Lua unpack() stays well under its ~8000 limit
+            raise ValueError(f"chunk_size must be in [1, 2000], got {chunk_size!r}")
+        if not prefix:
+            raise ValueError("prefix must be a non-empty string")
+        self.url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.chunk_size = chunk_size
+        self.read_retries = read_retries
+        self.socket_timeout = socket_timeout
+        self._client: Any = None
+        self._script: Any = None
+        self._epochs: dict[str, str] = {}
+
+    # -- plumbing
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_script"] = None
+        return state
+
+    def _where(self) -> str:
+        return f"RedisAnchorIndex({_redact(self.url)})"
+
+    def _conn(self) -> Any:
+        if self._client is None:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            self._client = redis.Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.socket_timeout,
+                retry=Retry(NoBackoff(), 0),  # no silent retries of writes; reads retry below
+            )
+            self._script = self._client.register_script(_INSERT_LUA)
+        return self._client
+
+    def ping(self) -> float:
+        """One PING on a fresh connection (no retries); returns the round trip in seconds.
+
+        Raises:
+            AnchorIndexError: the URL is malformed, or the server is unreachable, times out
+                (``socket_timeout``) or refuses the password; the message names the URL
+                (password hidden) and redis-py's reason.
+        """
+        import redis
+
+        def fail(kind: str, exc: Exception) -> AnchorIndexError:
+            self._client = None
+            reason = str(exc) or type(exc).__name__
+            secret = _url_password(self.url)
+            if secret:
+                reason = reason.replace(secret, "***")
+            return AnchorIndexError(f"{self._where()}: {kind}: {reason}")
+
+        t0 = time.perf_counter()
+        try:
+            self._conn().ping()
+        except (ValueError, TypeError) as exc:  # redis-py: bad scheme, port or query option
+            raise fail("malformed URL", exc) from None
+        except redis.RedisError as exc:
+            raise fail("PING failed", exc) from None
+        return time.perf_counter() - t0
+
+    def _keys(self, batch_key: str) -> list[str]:
+        return [f"{self.prefix}:{{{batch_key}}}:{k}" for k in _KINDS]
+
+    def _registry(self) -> str:
+        return f"{self.prefix}:batches"
+
+    def _read(self, op: str, fn: Any) -> Any:
+        import redis
+
+        delay = 0.05
+        for attempt in range(self.read_retries + 1):
+            try:
+                return fn(self._conn())
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if attempt == self.read_retries:
+                    raise AnchorIndexError(f"{self._where()}: {op} failed after {attempt + 1} attempts: {exc}") from exc
+                self._client = None
+                time.sleep(delay)
+                delay *= 2
+            except redis.RedisError as exc:
+                raise AnchorIndexError(f"{self._where()}: {op} failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _check_epoch(self, batch_key: str, epoch: str | None, op: str) -> None:
+        seen = self._epochs.get(batch_key)
+        if epoch is None:
+            if seen is not None:
+                raise AnchorIndexError(
+                    f"{self._where()}: {op}: batch {batch_key!r} state lost (epoch {seen} gone: server restarted "
+                    f"without persistence, keys expired, or batch dropped)"
+                )
+            raise AnchorIndexError(f"{self._where()}: {op}: batch {batch_key!r} is unknown (never written, dropped or expired)")
+        if seen is not None and seen != epoch:
+            raise AnchorIndexError(
+                f"{self._where()}: {op}: batch {batch_key!r} state lost (epoch changed from {seen} to {epoch})"
+            )
+        self._epochs[batch_key] = epoch
+
+    # -- API
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
+        import redis
+
+        _validate(steps)
+        if not steps:
+            return 0
+        keys = self._keys(batch_key)
+        ttl_ms = str(int(self.ttl_s * 1000))
+        new_epoch = uuid.uuid4().hex
+        client = self._conn()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for lo in range(0, len(steps), self.chunk_size):
+                chunk = steps[lo : lo + self.chunk_size]
+                records = "\x1e".join(
+                    f"{s.task}\x1f{int(s.run)}\x1f{int(s.step)}\x1f{s.state_hash}\x1f{float(s.ret)!r}\x1f{'1' if s.last else '0'}"
+                    for s in chunk
+                )
+                argv = [ttl_ms, self._epochs.get(batch_key, ""), new_epoch, records]
+                self._script(keys=keys, args=argv, client=pipe)
+            pipe.sadd(self._registry(), batch_key)
+            pipe.pexpire(self._registry(), ttl_ms)
+            results = pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._client = None
+            raise AnchorIndexError(
+                f"{self._where()}: insert of {len(steps)} steps into batch {batch_key!r} failed: {exc} "
+                f"(not retried; the insert is idempotent, so the caller may retry it)"
+            ) from exc
+        added = 0
+        for res in results[:-2]:
+            if isinstance(res, Exception):
+                msg = str(res)
+                if isinstance(res, (redis.ConnectionError, redis.TimeoutError)):
+                    self._client = None
+                if "CONFLICT" in msg:
+                    raise AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
+                if "EPOCH" in msg:
+                    raise AnchorIndexError(
+                        f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
+                        f"(server restarted without persistence, keys expired, or batch dropped)"
+                    )
+                raise AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
+            added += int(res[0])
+            epoch = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
+            self._epochs.setdefault(batch_key, epoch)
+        return added
+
+    def epoch(self, batch_key: str) -> str | None:
+        """The batch's epoch token (None when it does not exist)."""
+        keys = self._keys(batch_key)
+        raw = self._read(f"epoch of batch {batch_key!r}", lambda c: c.hget(keys[0], "epoch"))
+        return raw.decode() if raw is not None else None
+
+    def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        keys = self._keys(batch_key)
+        fields = [_field(t, h) for t, h in group_keys]
+
+        def read(c: Any) -> list[Any]:
+            pipe = c.pipeline(transaction=True)  # one consistent snapshot
+            pipe.hget(keys[0], "epoch")
+            pipe.hmget(keys[2], fields)
+            pipe.hmget(keys[4], tasks)
+            return pipe.execute()
+
+        raw_epoch, raw_groups, raw_done = self._read(f"query of {len(fields)} anchor groups in batch {batch_key!r}", read)
+        self._check_epoch(batch_key, raw_epoch.decode() if raw_epoch is not None else None, "query")
+        m = np.full((len(fields), 4), np.nan)
+        for i, raw in enumerate(raw_groups):
+            if raw is not None:
+                m[i] = [float(x) for x in raw.split()]
+        done = {t: int(v) if v is not None else 0 for t, v in zip(tasks, raw_done, strict=True)}
+        return m, done
+
+    def completed_runs(self, batch_key: str) -> dict[str, int]:
+        key = self._keys(batch_key)[4]
+        raw = self._read(f"completed runs of batch {batch_key!r}", lambda c: c.hgetall(key))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def group_sizes(self, batch_key: str) -> np.ndarray:
+        key = self._keys(batch_key)[2]
+        vals = self._read(f"group sizes of batch {batch_key!r}", lambda c: c.hvals(key))
+        return np.sort(np.asarray([int(v.split()[0]) for v in vals], dtype=np.int64))
+
+    def stats(self) -> dict[str, Any]:
+        def read(c: Any) -> dict[str, Any]:
+            batches = sorted(b.decode() for b in c.smembers(self._registry()))
+            pipe = c.pipeline(transaction=False)
+            for b in batches:
+                keys = self._keys(b)
+                pipe.exists(keys[0])
+                pipe.hlen(keys[1])
+                pipe.hvals(keys[2])
+            res = pipe.execute()
+            live, entries, sizes, gone = 0, 0, [], []
+            for i, b in enumerate(batches):
+                exists, n_steps, vals = res[3 * i : 3 * i + 3]
+                if not exists:
+                    gone.append(b)
+                    continue
+                live += 1
+                entries += int(n_steps)
+                sizes += [int(v.split()[0]) for v in vals]
+            if gone:
+                c.srem(self._registry(), *gone)
+            return {
+                "backend": "redis",
+                "batches": live,
+                "entries": entries,
+                "groups": len(sizes),
+                "group_size_histogram": _histogram(sizes),
+            }
+
+        return self._read("stats", read)
+
+    def drop(self, batch_key: str) -> int:
+        import redis
+
+        keys = self._keys(batch_key)
+        try:
+            pipe = self._conn().pipeline(transaction=True)
+            pipe.hlen(keys[1])
+            pipe.delete(*keys)
+            pipe.srem(self._registry(), batch_key)
+            n_steps = pipe.execute()[0]
+        except redis.RedisError as exc:
+            self._client = None
+            raise AnchorIndexError(f"{self._where()}: drop of batch {batch_key!r} failed: {exc}") from exc
+        self._epochs.pop(batch_key, None)
+        return int(n_steps)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+

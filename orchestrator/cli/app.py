@@ -1,0 +1,187 @@
+"""The ``trinity-dso`` command line (typer). Nothing imports this module."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO.", no_args_is_help=True)
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def main() -> None:
+    """trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO."""
+
+
+class Algo(str, Enum):
+    dapo = "dapo"
+    gigpo = "gigpo"
+
+
+class Env(str, Enum):
+    frozenlake = "frozenlake"
+    sokoban = "sokoban"
+
+
+class Backend(str, Enum):
+    vllm = "vllm"
+    scripted = "scripted"
+    random = "random"
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def dapo_table(summary: dict) -> Table:
+    """The demo's summary table (the same numbers as demo.json)."""
+    s = summary["stats"]
+    t = Table(title=f"trinity-dso DAPO demo ({summary['backend']}, {summary['wall_seconds']} s)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("batches emitted", s["batches_emitted"]),
+        ("groups emitted (informative)", s["groups_emitted"]),
+        ("groups carried over", s["groups_carried"]),
+        ("groups used as padding", s["groups_padded"]),
+        *[(f"groups dropped: {r}", v) for r, v in s["dropped_by_reason"].items() if v],
+        *[(f"groups classified: {r}", v) for r, v in s["classified_by_reason"].items() if v],
+        ("rollouts generated: initial", s["rollouts_initial"]),
+        ("rollouts generated: replenish", s["rollouts_replenish"]),
+        ("rollouts wasted", s["rollouts_wasted"]),
+        ("rollouts per emitted informative group", s["rollouts_per_emitted_group"]),
+        ("keep rate (informative / classified)", s["keep_ratio"]),
+        ("replenish rounds per batch", ", ".join(map(str, s["rounds_per_batch"]))),
+        ("cap hits", s["cap_hits"]),
+        ("mean reward: all groups", s["mean_reward_all"]),
+        ("mean reward: informative groups (emitted or carried)", s["mean_reward_kept"]),
+    ]
+    for name, value in rows:
+        t.add_row(name, _fmt(value))
+    return t
+
+
+_GIGPO_ROWS = [  # (summary key, label), in table order
+    ("policy", "rollout policy"),
+    ("backend", "anchor index"),
+    ("workers", "advantage workers"),
+    ("batch_key", "batch key"),
+    ("env", "environment"),
+    ("tasks", "tasks (maps / rooms)"),
+    ("trajectories", "trajectories"),
+    ("steps", "steps"),
+    ("mean_trajectory_length", "mean trajectory length (turns)"),
+    ("success_rate", "success rate"),
+    ("invalid_action_rate", "invalid action rate"),
+    ("anchor_groups", "anchor groups"),
+    ("anchor_group_fraction", "steps in an anchor group of size > 1"),
+    ("informative_step_fraction", "informative steps (A_S != 0)"),
+    ("mean_abs_episode_advantage", "mean |episode advantage|"),
+    ("mean_abs_step_advantage", "mean |step advantage|"),
+    ("mean_abs_advantage", "mean |advantage|"),
+    ("max_abs_diff_vs_pure", "max |workers - single process|"),
+]
+
+
+def gigpo_table(summary: dict) -> Table:
+    """The GiGPO demo's summary table (the same numbers as gigpo.json).
+
+    ``backend`` is the anchor-index store (memory / redis), ``policy`` the rollout policy.
+    Scalar keys not named in ``_GIGPO_ROWS`` follow, then the timings; the group-size
+    histogram is only in the JSON.
+    """
+    total = summary.get("timings", {}).get("total_s")
+    title = f"trinity-dso GiGPO demo ({summary.get('policy', '?')} policy"
+    t = Table(title=title + (f", {total:.1f} s)" if total is not None else ")"))
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    known = {k for k, _ in _GIGPO_ROWS} | {"algo"}
+    for key, label in _GIGPO_ROWS:
+        if key in summary:
+            t.add_row(label, _fmt(summary[key]))
+    for key, value in summary.items():
+        if key not in known and not isinstance(value, (dict, list)):
+            t.add_row(key.replace("_", " "), _fmt(value))
+    for key, value in summary.get("timings", {}).items():
+        t.add_row(f"time: {key.removesuffix('_s').replace('_', ' ')} (s)", _fmt(value))
+    return t
+
+
+@app.command()
+def demo(
+    algo: Algo = typer.Option(Algo.dapo, help="dapo: dynamic sampling on math/logic tasks; gigpo: multi-turn agent (--env)."),
+    env: Env | None = typer.Option(None, help="GiGPO: the environment, frozenlake (default) or sokoban (textarena's rooms)."),
+    backend: Backend | None = typer.Option(None, help="vllm (default): real model; scripted / random: no model (scripted rewards for DAPO, seeded random play for GiGPO)."),
+    batches: int | None = typer.Option(None, min=1, help="DAPO: train batches to emit (default 4)."),
+    redis_url: str | None = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
+    config: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="YAML with the demo's settings (DAPO: orchestrator.jobs.dapo_demo.DemoConfig, e.g. examples/demo/dapo.yaml; "
+        "GiGPO: orchestrator.jobs.gigpo.GiGPOJobConfig); options given here override it.",
+    ),
+    out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON); default runs/demo."),
+) -> None:
+    """Run the main job (embedded defaults, or a YAML config) and print its summary table."""
+    from orchestrator.cli.service import load_yaml_model
+
+    if algo is Algo.gigpo:
+        from orchestrator.anchors.index import AnchorIndexError
+        from orchestrator.jobs.gigpo import GiGPOJobConfig, GiGPOJobError, run_gigpo_job
+
+        policy = None if backend is None else "vllm" if backend is Backend.vllm else "random"  # scripted: random play
+        cfg = load_yaml_model(config, GiGPOJobConfig,
+                              {"redis_url": redis_url, "out_dir": out, "policy": policy, "env": env and env.value})
+        defaults = {"policy": "vllm", "out_dir": Path("runs/demo")}  # the demo plays with the real model
+        cfg = cfg.model_copy(update={k: v for k, v in defaults.items() if getattr(cfg, k) is None or k not in cfg.model_fields_set})
+        out = cfg.out_dir
+        t0 = time.perf_counter()
+        try:
+            with console.status("GiGPO: starting") as status:
+
+                def say(msg: str) -> None:  # the job's progress lines, live
+                    status.update(f"GiGPO: {escape(msg)}")
+                    console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(msg)}", soft_wrap=True)
+
+                summary = run_gigpo_job(cfg, log=say)
+        except (AnchorIndexError, GiGPOJobError) as exc:  # one red line, no traceback
+            hint = " (check --redis-url or redis_url in the config)" if isinstance(exc, AnchorIndexError) else ""
+            err_console.print(f"[bold]error:[/bold] {escape(str(exc))}{hint}", style="red", soft_wrap=True, highlight=False)
+            raise typer.Exit(1) from None
+        console.print(gigpo_table(summary))
+        console.print(f"summary written to {out / 'gigpo.json'}")
+        return
+
+    from orchestrator.jobs.dapo_demo import DemoConfig, run_dapo_demo
+
+    cfg = load_yaml_model(config, DemoConfig, {"batches": batches, "out_dir": out, "backend": backend and backend.value})
+    out = cfg.out_dir
+    with Progress(TextColumn("[bold]batches"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console) as bar:
+        task = bar.add_task("starting (model conversion and engine start-up)", total=cfg.batches)
+
+        def on_batch(i: int, stats: dict) -> None:
+            bar.update(task, completed=i + 1, description=f"kept {stats['groups_emitted']}, dropped {stats['groups_dropped']}, "
+                                                          f"rollouts {stats['rollouts_total']}")
+
+        summary = run_dapo_demo(cfg, progress=on_batch)
+    console.print(dapo_table(summary))
+    console.print(f"summary written to {out / 'demo.json'}; batches in {summary['buffer']}")
+
+
+try:  # the service commands (serve, policy, status) live in their own module
+    from orchestrator.cli.service import register as _register_service
+except ImportError:  # pragma: no cover - while it is being written
+    _register_service = None
+if _register_service is not None:
+    _register_service(app)

@@ -1,0 +1,118 @@
+"""Per-task reward history, held as flat arrays indexed by task (no per-task objects).
+
+Running mean and variance use the parallel form of Welford's algorithm (Chan, Golub and
+LeVeque 1979): a group of m rewards with mean ``mu_b`` and sum of squared deviations
+``M2_b`` merges into ``(n_a, mu_a, M2_a)`` as::
+
+    n = n_a + m;  delta = mu_b - mu_a
+    mu = mu_a + delta * m / n
+    M2 = M2_a + M2_b + delta**2 * n_a * m / n
+
+so whole groups are merged at once, vectorised over tasks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from algos.dapo import GroupReason
+
+_FIELDS = {
+    "groups": np.int64,
+    "informative": np.int64,
+    "rollouts": np.int64,
+    "correct": np.int64,
+    "mean": np.float64,
+    "m2": np.float64,
+    "consec_all_correct": np.int64,
+    "consec_all_wrong": np.int64,
+    "last_model_version": np.int64,
+    "skip_until_epoch": np.int64,
+}
+
+
+class TaskHistory:
+    """Reward statistics per task: arrays of length T (number of tasks), float64/int64."""
+
+    def __init__(self, num_tasks: int):
+        self.num_tasks = num_tasks
+        for name, dtype in _FIELDS.items():
+            setattr(self, name, np.zeros(num_tasks, dtype=dtype))
+        self.last_model_version[:] = -1
+
+    def update(
+        self,
+        task_idx: np.ndarray,
+        rewards: np.ndarray,
+        correct: np.ndarray,
+        reasons: np.ndarray,
+        model_versions: np.ndarray,
+    ) -> None:
+        """Merge G groups into the history.
+
+        Args:
+            task_idx: (G,) int64. Task index of each group; a task may repeat.
+            rewards: (G, n) float. Rewards of each group's rollouts.
+            correct: (G, n) bool. Whether each rollout counts as correct.
+            reasons: (G,) int8. :class:`GroupReason` code of each group.
+            model_versions: (G,) int64. Policy version of each group.
+        Groups of a repeated task are merged in submission order (one vectorised pass per
+        repetition rank), so consecutive all-correct / all-wrong counts stay exact.
+        """
+        task_idx = np.asarray(task_idx, dtype=np.int64)
+        # Rank of each occurrence of a task within this submission: 0 for first, 1 for second...
+        order = np.argsort(task_idx, kind="stable")
+        sorted_idx = task_idx[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_idx)) + 1]
+        rank_sorted = np.arange(len(task_idx)) - np.repeat(starts, np.diff(np.r_[starts, len(task_idx)]))
+        rank = np.empty_like(rank_sorted)
+        rank[order] = rank_sorted
+        for r in range(int(rank.max(initial=-1)) + 1):
+            sel = rank == r
+            self._merge(task_idx[sel], rewards[sel], correct[sel], reasons[sel], model_versions[sel])
+
+    def _merge(self, t, rewards, correct, reasons, versions) -> None:
+        m = rewards.shape[1]
+        mu_b = rewards.mean(axis=1)
+        m2_b = ((rewards - mu_b[:, None]) ** 2).sum(axis=1)
+        n_a = self.rollouts[t].astype(np.float64)
+        n = n_a + m
+        delta = mu_b - self.mean[t]
+        self.mean[t] += delta * m / n
+        self.m2[t] += m2_b + delta**2 * n_a * m / n
+        self.rollouts[t] += m
+        self.groups[t] += 1
+        self.correct[t] += correct.sum(axis=1)
+        self.informative[t] += reasons == GroupReason.INFORMATIVE
+        all_correct = reasons == GroupReason.ALL_CORRECT
+        all_wrong = reasons == GroupReason.ALL_WRONG
+        self.consec_all_correct[t] = np.where(all_correct, self.consec_all_correct[t] + 1, 0)
+        self.consec_all_wrong[t] = np.where(all_wrong, self.consec_all_wrong[t] + 1, 0)
+        self.last_model_version[t] = np.maximum(self.last_model_version[t], versions)
+
+    def variance(self) -> np.ndarray:
+        """(T,) float64. Unbiased reward variance per task; NaN with fewer than 2 rollouts."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.rollouts > 1, self.m2 / (self.rollouts - 1), np.nan)
+
+    def pass_rate(self) -> np.ndarray:
+        """(T,) float64. Fraction of rollouts judged correct; NaN for unseen tasks."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.rollouts > 0, self.correct / np.maximum(self.rollouts, 1), np.nan)
+
+    def row(self, i: int) -> dict:
+        """Plain-Python view of task ``i``'s history (for REST and the CLI)."""
+        out = {name: getattr(self, name)[i].item() for name in _FIELDS}
+        out["variance"] = None if self.rollouts[i] < 2 else float(self.variance()[i])
+        out["pass_rate"] = None if self.rollouts[i] == 0 else float(self.pass_rate()[i])
+        return out
+
+    def state_dict(self) -> dict:
+        return {name: getattr(self, name).tolist() for name in _FIELDS}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, dtype in _FIELDS.items():
+            arr = np.asarray(state[name], dtype=dtype)
+            if arr.shape != (self.num_tasks,):
+                raise ValueError(f"history.{name}: expected {self.num_tasks} tasks, got shape {arr.shape}")
+            setattr(self, name, arr)

@@ -1,0 +1,107 @@
+"""The resampling policy: what the orchestrator keeps, drops, and regenerates.
+
+One pydantic model, validated at construction and on every run-time change (REST, CLI).
+Defaults follow the DAPO paper (arXiv 2503.14476, Sec. 3.2 and Table/Sec. 4.1) where it
+speaks, and are otherwise the least surprising choice.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class InvalidPolicyError(ValueError):
+    """A resampling policy value is out of range or inconsistent (names the field and value)."""
+
+    @classmethod
+    def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
+        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'policy'}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
+        return cls("invalid resampling policy: " + "; ".join(parts))
+
+
+class FilterConfig(BaseModel):
+    """Which groups count as informative (DAPO Eq. 11, see ``algos.dapo.classify_groups``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    judge: str = Field(
+        "reward",
+        description="Per-rollout value the filter judges: 'reward', or the name of a metric "
+        "such as 'accuracy' (use a metric when rewards carry an overlong penalty).",
+        min_length=1,
+    )
+    std_tol: float = Field(1e-6, ge=0.0, le=1.0, description="Population std at or below which a group counts as all equal (float64).")
+    correct_threshold: float = Field(1.0, description="All-equal values >= this are 'all_correct' (DAPO rewards are +1/-1).")
+    wrong_threshold: float = Field(0.0, description="All-equal values <= this are 'all_wrong'.")
+    band: tuple[float, float] | None = Field(
+        None, description="Optional band-pass (lo, hi) on the group mean: keep only lo < mean < hi."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FilterConfig:
+        if self.wrong_threshold > self.correct_threshold:
+            raise ValueError(
+                f"wrong_threshold ({self.wrong_threshold}) must be <= correct_threshold ({self.correct_threshold})"
+            )
+        if self.band is not None and not self.band[0] < self.band[1]:
+            raise ValueError(f"band must satisfy lo < hi, got {self.band}")
+        return self
+
+
+class ResamplingPolicy(BaseModel):
+    """Dynamic-sampling policy of one orchestrator (DAPO Sec. 3.2, plus run-time controls).
+
+    DAPO's reference recipe keeps generating batches until ``train_batch_size`` informative
+    groups exist (up to ``max_num_gen_batches``) and discards the surplus; we keep the
+    surplus as carry-over and size each round by the predicted keep rate.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    target_groups: int = Field(8, ge=1, le=100_000, description="Informative groups per emitted train batch.")
+    group_size: int = Field(8, ge=1, le=1024, description="Rollouts per group, n (DAPO uses 16).")
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    max_replenish_rounds: int = Field(
+        0, ge=0, le=10_000, description="Replenish rounds allowed per batch after the initial round; 0 = unlimited."
+    )
+    on_cap: Literal["pad", "partial", "raise"] = Field(
+        "pad",
+        description="When the cap is hit: 'pad' fills with dropped groups marked as padding (zero loss "
+        "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
+    )
+    replenish: Literal["fresh_tasks", "same_tasks"] = Field(
+        "fresh_tasks",
+        description="'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
+        "prompts dropped in this batch, topped up with fresh ones.",
+    )
+    min_keep_rate: float = Field(
+        0.1, gt=0.0, le=1.0, description="Floor on the predicted keep rate used to size a round (caps over-generation)."
+    )
+    max_tasks_per_round: int = Field(256, ge=1, le=1_000_000, description="Upper bound on tasks requested in one round.")
+    skip_after_all_correct: int = Field(0, ge=0, description="Skip a task after this many consecutive all-correct groups; 0 = never.")
+    skip_after_all_wrong: int = Field(0, ge=0, description="Skip a task after this many consecutive all-wrong groups; 0 = never.")
+    cooldown_epochs: int = Field(1, ge=1, le=10_000, description="Epochs a skipped task sits out.")
+    max_staleness: int | None = Field(
+        None, ge=0, description="Carried-over groups older than this many model versions are dropped as 'stale'; None = never."
+    )
+    replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
+
+    @classmethod
+    def parse(cls, data: dict) -> ResamplingPolicy:
+        """Build from a dict, raising :class:`InvalidPolicyError` (field and value named)."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise InvalidPolicyError.from_validation(err) from None
+
+    def updated(self, changes: dict) -> ResamplingPolicy:
+        """A copy with ``changes`` merged (nested ``filter`` merged key by key), validated."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            if key == "filter" and isinstance(value, dict):
+                data["filter"] = {**data["filter"], **value}
+            else:
+                data[key] = value
+        return self.parse(data)

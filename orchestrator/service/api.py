@@ -1,0 +1,161 @@
+"""The REST API's typed models: service settings, request and response bodies (OpenAPI is generated from them)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from orchestrator.core.policy import FilterConfig, ResamplingPolicy
+from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+TOKEN_ENV = "DSO_API_TOKEN"
+"""Environment variable read for the bearer token when the settings name none."""
+
+# --------------------------------------------------------------------------- settings
+
+
+class ServiceSettings(BaseModel):
+    """Settings of the REST deployment (``service`` section of the ``serve`` YAML config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the HTTP proxy binds to; loopback unless told otherwise.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the Ray Serve proxy.")
+    app_name: str = Field("dso", min_length=1, description="Ray Serve application name.")
+    route_prefix: str = Field("/", pattern=r"^/", description="Route prefix of the application.")
+    actor_name: str = Field(DEFAULT_NAME, min_length=1, description="Name of the orchestrator actor.")
+    namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="Ray namespace of the orchestrator actor.")
+    auth_token: str | None = Field(
+        None, description="Bearer token required on mutating endpoints; None reads $DSO_API_TOKEN (empty: no auth)."
+    )
+    auth_token_env: str = Field(TOKEN_ENV, description="Environment variable holding the token when auth_token is None.")
+    max_body_bytes: int = Field(65536, ge=1, le=16 * 2**20, description="Largest request body accepted, in bytes (else 413).")
+    actor_timeout_s: float = Field(10.0, gt=0, le=600, description="Timeout of one call to the orchestrator actor, in seconds (else 504).")
+    num_replicas: int = Field(1, ge=1, le=64, description="Serve replicas of the REST deployment.")
+    max_ongoing_requests: int = Field(128, ge=1, description="Concurrent requests per replica (Serve's default is 5).")
+
+    def token(self) -> str | None:
+        """The configured token: ``auth_token``, else the environment variable, else None."""
+        tok = self.auth_token if self.auth_token is not None else os.environ.get(self.auth_token_env)
+        return tok or None
+
+
+# --------------------------------------------------------------------------- API models
+
+
+class ErrorResponse(BaseModel):
+    """Every error response: a short kind, a message naming the field or header, and details."""
+
+    error: str = Field(description="Kind: validation, invalid_json, invalid_policy, conflict, unauthorized, forbidden, not_found, ...")
+    message: str = Field(description="What is wrong, naming the field, header or id.")
+    detail: list[dict[str, Any]] | None = Field(None, description="Per-field validation errors (loc, msg, type).")
+
+
+class FilterBody(FilterConfig):
+    """The filter settings as accepted over HTTP: strict types (``"4"`` is not a number)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    band: Annotated[list[float], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="Optional band-pass [lo, hi] on the group mean: keep only lo < mean < hi."
+    )
+
+
+class PolicyBody(ResamplingPolicy):
+    """A whole resampling policy as accepted by ``PUT /v1/policy`` (strict types, unknown fields refused)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    filter: FilterBody = Field(default_factory=FilterBody, description="Which groups count as informative.")
+
+
+def _optional_model(name: str, base: type[BaseModel], nested: dict[str, Any], doc: str) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for fname, info in base.model_fields.items():
+        if fname in nested:
+            ann = nested[fname]
+        elif info.metadata:
+            ann = Annotated[(info.annotation, *info.metadata)]
+        else:
+            ann = info.annotation
+        fields[fname] = (Optional[ann], Field(None, description=info.description))  # noqa: UP045
+    model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
+    model.__doc__ = doc
+    return model
+
+
+FilterPatch = _optional_model("FilterPatch", FilterBody, {}, "Filter fields to change; omitted fields keep their value.")
+PolicyPatch = _optional_model(
+    "PolicyPatch", PolicyBody, {"filter": FilterPatch},
+    "Policy fields to change (``PATCH /v1/policy``); omitted fields keep their value, ``filter`` is merged key by key.",
+)
+
+
+class PolicyState(BaseModel):
+    """The resampling policy and its revision (also sent as ``ETag: "<revision>"``)."""
+
+    revision: int = Field(ge=0, description="Bumped by every accepted change (not the model weights' model version).")
+    policy: ResamplingPolicy
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    orchestrator: str = Field(description="The actor's name and namespace.")
+    message: str | None = None
+
+
+class Stats(BaseModel):
+    """Live counters of the orchestrator (``OrchestratorCore.stats()``); further keys pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    batches_emitted: int
+    batches_partial: int
+    groups_submitted: int
+    groups_emitted: int
+    groups_padded: int
+    groups_dropped: int
+    groups_held: int
+    groups_carried: int
+    classified_by_reason: dict[str, int]
+    dropped_by_reason: dict[str, int]
+    rollouts_initial: int
+    rollouts_replenish: int
+    rollouts_wasted: int
+    rollouts_total: int
+    replenish_rounds: int
+    cap_hits: int
+    keep_ratio: float | None = Field(description="Informative / classified groups; null before any.")
+    predicted_keep_rate: float
+    mean_reward_all: float | None
+    mean_reward_kept: float | None
+    rollouts_per_emitted_group: float | None
+    rounds_per_batch: list[int]
+    batch_id: int = Field(description="Id of the batch being filled.")
+    policy_revision: int
+    model_version: int = Field(description="Newest model version (model weights) seen.")
+    epoch: int
+    replenish_paused: bool
+
+
+class TaskHistory(BaseModel):
+    """Reward history of one task (``orchestrator.core.history.TaskHistory.row``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    groups: int
+    informative: int
+    rollouts: int
+    correct: int
+    mean: float = Field(description="Running mean reward of its rollouts.")
+    variance: float | None = Field(description="Unbiased reward variance; null below 2 rollouts.")
+    pass_rate: float | None = Field(description="Correct / rollouts; null before any.")
+    consec_all_correct: int
+    consec_all_wrong: int
+    last_model_version: int
+    skip_until_epoch: int
+
+

@@ -1,0 +1,348 @@
+"""The REST service: a Ray Serve deployment with a FastAPI app, in front of the named orchestrator actor.
+
+The deployment holds no state of its own: every request is one call to the orchestrator actor
+(``dso-orchestrator`` in namespace ``trinity-dso`` by default), found by name and looked up
+again when it has been restarted. OpenAPI is served at ``/openapi.json`` (docs at ``/docs``).
+
+Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is configured):
+
+=========================  =============================================================
+``GET /healthz``           200 when the orchestrator actor answers, else 503
+``GET /v1/policy``         the resampling policy and its revision (``ETag: "<revision>"``)
+``PUT /v1/policy``         replace the whole policy (omitted fields take their defaults)
+``PATCH /v1/policy``       change some fields (``filter`` merged key by key)
+``GET /v1/stats``          live counters (``OrchestratorCore.stats()``)
+``GET /v1/tasks/{id}``     one task's reward history (404 for an unknown task)
+``POST /v1/replenish/pause``   stop starting replenish rounds (a policy change)
+``POST /v1/replenish/resume``  start them again
+``GET /metrics``           Prometheus text format (see :mod:`orchestrator.service.metrics`)
+=========================  =============================================================
+
+Policy writes: each accepted change bumps the revision, is logged (by the actor and here,
+with the client address) and applies from the next round. ``If-Match: "<revision>"`` makes
+the write conditional: a stale revision gets 409 and changes nothing. Invalid values get 422
+naming the field; malformed JSON 400; an oversized body 413; a body on a wrong content type
+415. Errors have one shape, :class:`ErrorResponse`.
+
+Run it with :func:`build_app` (also the ``import_path`` of Serve config files and KubeRay's
+RayService: ``orchestrator.service.serve:build_app``), or ``trinity-dso serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, HTTPException, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator.core.policy import InvalidPolicyError
+from orchestrator.core.types import UnknownTaskError
+from orchestrator.service.actor import OrchestratorUnavailable, PolicyConflictError
+from orchestrator.service.api import (
+    ErrorResponse,
+    Health,
+    PolicyBody,
+    PolicyPatch,
+    PolicyState,
+    ServiceSettings,
+    Stats,
+    TaskHistory,
+)
+from orchestrator.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+log = logging.getLogger("trinity_dso.rest")
+
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+# --------------------------------------------------------------------------- actor client
+
+
+class ActorClient:
+    """Calls the named orchestrator actor; re-resolves the name once when the handle is dead."""
+
+    def __init__(self, name: str, namespace: str, timeout_s: float):
+        self.name, self.namespace, self.timeout_s = name, namespace, timeout_s
+        self._handle = None
+
+    def _resolve(self):
+        import ray
+
+        if self._handle is None:
+            try:
+                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError:
+                raise OrchestratorUnavailable(
+                    f"orchestrator actor {self.name!r} not found in namespace {self.namespace!r}"
+                ) from None
+        return self._handle
+
+    async def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        import ray.exceptions as rex
+
+        for attempt in (0, 1):
+            handle = self._resolve()
+            try:
+                ref = getattr(handle, method).remote(*args, **kwargs)
+                return await asyncio.wait_for(ref, timeout_s or self.timeout_s)
+            except (rex.RayActorError, rex.ActorUnavailableError) as err:
+                self._handle = None  # restarted under the same name? look it up again
+                if attempt:
+                    raise OrchestratorUnavailable(f"orchestrator actor {self.name!r} is unavailable: {type(err).__name__}") from None
+            except TimeoutError:
+                raise TimeoutError(f"orchestrator actor {self.name!r} did not answer {method} within "
+                                   f"{timeout_s or self.timeout_s} s") from None
+        raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def _error(status: int, kind: str, message: str, detail: list | None = None, headers: dict | None = None) -> JSONResponse:
+    body = ErrorResponse(error=kind, message=message, detail=detail).model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+_HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+               409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type", 503: "unavailable", 504: "timeout"}
+
+
+def _loc(loc: Any) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+class Guard:
+    """ASGI middleware run before routing: bearer token on mutating requests, body size and type.
+
+    Checking here (not in a route dependency) means an unauthenticated request is refused
+    before its body is read or parsed.
+    """
+
+    def __init__(self, app: Any, token: str | None, max_body_bytes: int):
+        self.app, self.token, self.max_body_bytes = app, token, max_body_bytes
+
+    @staticmethod
+    async def _reply(scope: dict, receive: Any, send: Any, status: int, kind: str, message: str,
+                     headers: dict | None = None) -> None:
+        await _error(status, kind, message, headers=headers)(scope, receive, send)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in MUTATING_METHODS:
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.token is not None:
+            auth = headers.get("authorization")
+            if not auth:
+                return await self._reply(scope, receive, send, 401, "unauthorized", "Authorization: missing bearer token (send 'Authorization: Bearer <token>')",
+                                              {"WWW-Authenticate": 'Bearer realm="trinity-dso"'})
+            scheme, _, value = auth.strip().partition(" ")
+            if scheme.lower() != "bearer" or not value.strip():
+                return await self._reply(scope, receive, send, 401, "unauthorized", "Authorization: expected 'Bearer <token>'",
+                                              {"WWW-Authenticate": 'Bearer realm="trinity-dso"'})
+            if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
+                return await self._reply(scope, receive, send, 403, "forbidden", "Authorization: bearer token rejected")
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await self._reply(scope, receive, send, 400, "bad_request", f"Content-Length: not a number ({length!r})")
+            if int(length) > self.max_body_bytes:
+                return await self._reply(scope, receive, send, 413, "payload_too_large",
+                                              f"body: {length} bytes exceeds the limit of {self.max_body_bytes} bytes")
+            has_body = int(length) > 0
+        else:
+            has_body = "chunked" in headers.get("transfer-encoding", "")
+        ctype = headers.get("content-type", "")
+        if has_body and ctype.split(";")[0].strip().lower() not in ("application/json", ""):
+            return await self._reply(scope, receive, send, 415, "unsupported_media_type", f"Content-Type: expected application/json, got {ctype!r}")
+
+        received = 0
+        limit = self.max_body_bytes
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, f"body: more than the limit of {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _if_match(value: str | None) -> int | None:
+    """The revision in an ``If-Match`` header (``"3"``, ``W/"3"``, ``3``); None for ``*`` or absent."""
+    if value is None or value.strip() == "*":
+        return None
+    v = value.strip()
+    v = v.removeprefix("W/")
+    v = v.strip('"')
+    if not v.isdigit():
+        raise HTTPException(400, f"If-Match: expected one revision such as '\"3\"', got {value!r}")
+    return int(v)
+
+
+_BEARER = HTTPBearer(auto_error=False, description="Required on mutating endpoints when the service has a token.")
+BearerAuth = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+"""Documents the bearer scheme in OpenAPI; :class:`Guard` enforces it before routing."""
+
+
+def create_app(settings: ServiceSettings | None = None, client: ActorClient | None = None) -> FastAPI:
+    """The FastAPI app (built in each Serve replica; also runnable with any ASGI server)."""
+    settings = settings or ServiceSettings()
+    client = client or ActorClient(settings.actor_name, settings.namespace, settings.actor_timeout_s)
+    token = settings.token()
+    app = FastAPI(
+        title="trinity-dso orchestrator",
+        version="1",
+        description="Read and change the dynamic-sampling (resampling) policy of a running orchestrator; live stats.",
+        responses={k: {"model": ErrorResponse} for k in (400, 401, 403, 413, 503, 504)},
+    )
+    app.add_middleware(Guard, token=token, max_body_bytes=settings.max_body_bytes)
+
+    # ---------------------------------------------------------------- errors
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
+        if any(e["type"] == "json_invalid" for e in errors):
+            e = next(e for e in errors if e["type"] == "json_invalid")
+            return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {_loc(e['loc'][1:]) or 'start'})", errors)
+        message = "; ".join(f"{_loc(e['loc'][1:] if e['loc'][:1] == ['body'] else e['loc']) or 'body'}: {e['msg']}" for e in errors)
+        return _error(422, "validation", message, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "error"), str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(InvalidPolicyError)
+    async def _invalid(request: Request, exc: InvalidPolicyError) -> JSONResponse:
+        return _error(422, "invalid_policy", _cause(exc))
+
+    @app.exception_handler(PolicyConflictError)
+    async def _conflict(request: Request, exc: PolicyConflictError) -> JSONResponse:
+        return _error(409, "conflict", _cause(exc))
+
+    @app.exception_handler(OrchestratorUnavailable)
+    async def _unavailable(request: Request, exc: OrchestratorUnavailable) -> JSONResponse:
+        return _error(503, "unavailable", str(exc))
+
+    @app.exception_handler(TimeoutError)
+    async def _timeout(request: Request, exc: TimeoutError) -> JSONResponse:
+        return _error(504, "timeout", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _other(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, "internal", f"{type(exc).__name__}: {_cause(exc)}")
+
+    # ---------------------------------------------------------------- helpers
+    async def policy_response(state: dict, response: Response) -> PolicyState:
+        response.headers["ETag"] = f'"{state["revision"]}"'
+        return PolicyState.model_validate(state)
+
+    async def write_policy(request: Request, changes: dict, replace: bool, if_match: str | None) -> dict:
+        expected = _if_match(if_match)
+        state = await client.call("set_policy", changes, expected_revision=expected, replace=replace)
+        log.info("policy revision %d via %s %s from %s: %s", state["revision"], request.method, request.url.path,
+                 request.client.host if request.client else "?", json.dumps(changes, sort_keys=True))
+        return state
+
+    # ---------------------------------------------------------------- routes
+    @app.get("/healthz", response_model=Health, responses={503: {"model": Health}}, tags=["service"])
+    async def healthz(response: Response) -> Health:
+        """200 when the orchestrator actor answers a ping within 2 s, else 503."""
+        who = f"{settings.namespace}/{settings.actor_name}"
+        try:
+            await client.call("ping", timeout_s=2.0)
+        except (OrchestratorUnavailable, TimeoutError) as err:
+            response.status_code = 503
+            return Health(status="unavailable", orchestrator=who, message=str(err))
+        return Health(status="ok", orchestrator=who)
+
+    @app.get("/v1/policy", response_model=PolicyState, tags=["policy"])
+    async def get_policy(response: Response) -> PolicyState:
+        """The resampling policy and its revision; ``ETag`` carries the revision."""
+        return await policy_response(await client.call("get_policy"), response)
+
+    @app.put("/v1/policy", response_model=PolicyState, tags=["policy"],
+             responses={409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
+    async def put_policy(
+        body: PolicyBody,
+        request: Request,
+        response: Response,
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        _auth: BearerAuth = None,
+    ) -> PolicyState:
+        """Replace the whole policy (omitted fields take their defaults); applies from the next round."""
+        state = await write_policy(request, body.model_dump(mode="json"), True, if_match)
+        return await policy_response(state, response)
+
+    @app.patch("/v1/policy", response_model=PolicyState, tags=["policy"],
+               responses={409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
+    async def patch_policy(
+        body: PolicyPatch,  # type: ignore[valid-type]
+        request: Request,
+        response: Response,
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        _auth: BearerAuth = None,
+    ) -> PolicyState:
+        """Change the given fields (``filter`` merged key by key); applies from the next round."""
+        changes = body.model_dump(mode="json", exclude_unset=True)
+        if not changes:
+            raise HTTPException(400, "body: no field to change (send at least one policy field)")
+        state = await write_policy(request, changes, False, if_match)
+        return await policy_response(state, response)
+
+    @app.post("/v1/replenish/pause", response_model=PolicyState, tags=["policy"])
+    async def pause(request: Request, response: Response,
+                    _auth: BearerAuth = None) -> PolicyState:
+        """Start no further replenish rounds (a policy change: the revision is bumped)."""
+        return await policy_response(await write_policy(request, {"replenish_paused": True}, False, None), response)
+
+    @app.post("/v1/replenish/resume", response_model=PolicyState, tags=["policy"])
+    async def resume(request: Request, response: Response,
+                     _auth: BearerAuth = None) -> PolicyState:
+        """Start replenish rounds again (a policy change: the revision is bumped)."""
+        return await policy_response(await write_policy(request, {"replenish_paused": False}, False, None), response)
+
+    @app.get("/v1/stats", response_model=Stats, tags=["stats"])
+    async def stats() -> Stats:
+        """Live counters: groups by outcome and drop reason, rollouts, rounds, keep ratio, rewards."""
+        return Stats.model_validate(await client.call("get_stats"))
+
+    @app.get("/v1/tasks/{task_id}", response_model=TaskHistory, responses={404: {"model": ErrorResponse}}, tags=["stats"])
+    async def task(task_id: str) -> TaskHistory:
+        """One task's reward history; 404 for a task outside the task set."""
+        try:
+            row = await client.call("task_history", task_id)
+        except UnknownTaskError as err:
+            raise HTTPException(404, _cause(err)) from None
+        return TaskHistory.model_validate(row)
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["service"])
+    async def metrics() -> Response:
+        """The orchestrator's metrics in Prometheus text format 0.0.4."""
+        text = await client.call("metrics_text")
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
+
+    return app
+
+
+def _cause(exc: BaseException) -> str:
+    """The message of an exception raised in the actor, without Ray's traceback wrapper."""
+    import ray.exceptions as rex
+
+    if isinstance(exc, rex.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if cause is not None:
+            return str(cause)
+    text = str(exc)
+    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+
+

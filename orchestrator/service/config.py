@@ -1,0 +1,170 @@
+"""The `trinity-dso serve` configuration and the orchestrator actor it creates from it."""
+
+from __future__ import annotations
+
+import importlib
+import random
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, OrchestratorUnavailable
+from orchestrator.service.api import ServiceSettings
+
+# --------------------------------------------------------------------------- orchestrator from config
+
+
+class ComponentConfig(BaseModel):
+    """A task set or rollout source: a built-in ``kind`` or a ``factory`` import path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["scripted", "default", "factory", "none"] = Field(
+        "scripted",
+        description="tasks: 'scripted' (bare ids t0..), 'default' (orchestrator.tasks.generators.default_task_set), 'factory'. "
+        "rollout: 'scripted' (scripted rewards), 'factory', or 'none' (groups are submitted from outside).",
+    )
+    count: int = Field(64, ge=1, description="scripted tasks: number of task ids t0..t{count-1}.")
+    ids: list[str] | None = Field(None, description="scripted tasks: explicit task ids (overrides count).")
+    mix: dict[Literal["informative", "all_correct", "all_wrong"], float] = Field(
+        default_factory=lambda: {"informative": 0.4, "all_correct": 0.3, "all_wrong": 0.3},
+        description="scripted rollouts: share of each kind of group (each task cycles through 4 draws).",
+    )
+    script: dict[str, list[list[float]]] | None = Field(None, description="scripted rollouts: explicit reward vectors per task.")
+    default: list[float] | None = Field(None, description="scripted rollouts: reward vector of unscripted tasks.")
+    seed: int = Field(0, description="Seed of scripted draws / the default task set.")
+    size: int = Field(200, ge=1, description="default task set: number of tasks.")
+    factory: str | None = Field(None, description="'module:callable' called with kwargs (and task_set= for rollouts).")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class OrchestratorConfig(BaseModel):
+    """The orchestrator actor to create (``orchestrator`` section of the ``serve`` YAML config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = DEFAULT_NAME
+    namespace: str = DEFAULT_NAMESPACE
+    create: bool = Field(True, description="Create the named actor when absent (false: it must exist).")
+    detached: bool = Field(True, description="Let the actor outlive the process that created it.")
+    policy: dict[str, Any] = Field(default_factory=dict, description="Initial resampling policy (orchestrator.core.policy).")
+    tasks: ComponentConfig = Field(default_factory=ComponentConfig)
+    rollout: ComponentConfig = Field(default_factory=ComponentConfig)
+    sink: str | None = Field(None, description="SQLite file for emitted batches (orchestrator.service.sink.SQLiteSink).")
+    checkpoint_path: str | None = Field(None, description="JSON checkpoint; a restarted actor resumes from it.")
+    seed: int = 0
+
+
+class DriverConfig(BaseModel):
+    """Pull batches continuously (a stand-in for a trainer), for demos and dashboards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    interval_s: float = Field(1.0, ge=0, description="Pause between batches, in seconds.")
+    max_batches: int | None = Field(None, ge=1, description="Stop after this many batches; None: until stopped.")
+
+
+class RayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, description="None: start a local Ray; 'auto' or 'ray://...': join a cluster.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all).")
+
+
+class ServeConfig(BaseModel):
+    """The ``trinity-dso serve`` YAML config (see ``examples/service/service.yaml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ray: RayConfig = Field(default_factory=RayConfig)
+    orchestrator: OrchestratorConfig | None = Field(default_factory=OrchestratorConfig)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    driver: DriverConfig = Field(default_factory=DriverConfig)
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"factory: expected 'module:callable', got {path!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+def scripted_mix(task_ids: list[str], n: int, mix: dict[str, float], seed: int = 0, cycle: int = 4) -> dict[str, list[list[float]]]:
+    """Reward scripts drawing each task's groups from ``mix`` (DAPO rewards +1 / -1).
+
+    Each task cycles through ``cycle`` draws of informative ([+1, -1, ...]), all_correct
+    (all +1) or all_wrong (all -1) groups of ``n`` rewards.
+    """
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError(f"mix: weights must sum to > 0, got {mix}")
+    kinds, weights = list(mix), [w / total for w in mix.values()]
+    rng = random.Random(seed)
+    vectors = {
+        "informative": [1.0 if i % 2 == 0 else -1.0 for i in range(n)] if n > 1 else [1.0],
+        "all_correct": [1.0] * n,
+        "all_wrong": [-1.0] * n,
+    }
+    return {t: [list(vectors[rng.choices(kinds, weights)[0]]) for _ in range(cycle)] for t in task_ids}
+
+
+def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of :class:`orchestrator.service.actor.Orchestrator` for a config."""
+    from orchestrator.core.policy import ResamplingPolicy as Policy
+    from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
+    from orchestrator.service.metrics import DSOMetrics
+
+    policy = Policy.parse(cfg.policy)
+    t = cfg.tasks
+    if t.kind == "scripted":
+        task_set = ScriptedTasks(t.ids or [f"t{i}" for i in range(t.count)])
+    elif t.kind == "default":
+        from orchestrator.tasks.generators import default_task_set
+
+        task_set = default_task_set(seed=t.seed, size=t.size)
+    elif t.kind == "factory" and t.factory:
+        task_set = _import(t.factory)(**t.kwargs)
+    else:
+        raise ValueError(f"orchestrator.tasks.kind: {t.kind!r} needs a factory or is not a task set kind")
+    r = cfg.rollout
+    if r.kind == "none":
+        source = None
+    elif r.kind == "scripted":
+        script = r.script if r.script is not None else (
+            None if r.default is not None else scripted_mix(task_set.task_ids, policy.group_size, r.mix, r.seed))
+        source = ScriptedRolloutSource(script, default=r.default)
+    elif r.kind == "factory" and r.factory:
+        source = _import(r.factory)(task_set=task_set, **r.kwargs)
+    else:
+        raise ValueError(f"orchestrator.rollout.kind: {r.kind!r} needs a factory or is not a rollout kind")
+    sink = None
+    if cfg.sink:
+        from orchestrator.service.sink import SQLiteSink
+
+        sink = SQLiteSink(cfg.sink)
+    kwargs = {"sink": sink, "checkpoint_path": cfg.checkpoint_path, "metrics": DSOMetrics(), "seed": cfg.seed}
+    return (policy, task_set, source), kwargs
+
+
+def ensure_orchestrator(cfg: OrchestratorConfig):
+    """The named orchestrator actor, created from ``cfg`` when absent (needs a connected Ray)."""
+    import ray
+
+    from orchestrator.service.actor import get_or_create_orchestrator
+
+    try:
+        return ray.get_actor(cfg.name, namespace=cfg.namespace)
+    except ValueError:
+        pass
+    if not cfg.create:
+        raise OrchestratorUnavailable(f"orchestrator actor {cfg.name!r} not found in namespace {cfg.namespace!r} (create: false)")
+    args, kwargs = build_orchestrator_args(cfg)
+    handle = get_or_create_orchestrator(*args, name=cfg.name, namespace=cfg.namespace, detached=cfg.detached, **kwargs)
+    ray.get(handle.ping.remote())
+    if not cfg.detached:
+        _KEEP_ALIVE.append(handle)  # a non-detached actor dies with its last handle
+    return handle
+
+
+_KEEP_ALIVE: list = []

@@ -1,0 +1,361 @@
+"""Prometheus metrics of the orchestrator, under the prefix ``dso_``.
+
+Design: a prometheus-client registry inside the orchestrator actor's process, exposed as
+text by the actor (``Orchestrator.metrics_text``) and served by the REST app at
+``GET /metrics``. Why not Ray's metric API (``ray.util.metrics``, exported by each node's
+metrics agent)?
+
+* Ray's agent prefixes application metrics with ``ray_`` and adds per-process tags
+  (``WorkerId``, ``SessionName``, ``NodeAddress``...): a restarted actor becomes new series,
+  and our names would no longer be the ``dso_*`` the dashboard and alerts use.
+* The agent exports on a timer (``metrics_report_interval_ms``, 10 s by default) from every
+  node, so a scrape never shows the actor's exact counters at one instant, and users must
+  scrape every Ray node (or use Ray's service discovery) to find one actor's numbers.
+* One scrape target next to the REST API (the same port, the same Serve route, the same
+  Kubernetes Service) is what users of this service already reach; the numbers are the
+  actor's own cumulative counters (``OrchestratorCore.stats()``, which survive restarts
+  through ``state_dict``), so a scrape is exact and cheap (one actor call).
+
+The cost: metrics of code running outside the actor's process (e.g. a GiGPO advantage
+worker querying Redis in its own process) land in that process's registry, which nobody
+scrapes unless that process serves it (``prometheus_client.start_http_server``). The
+actor owns the anchor index (issue 3), so the index's own operations are covered.
+
+Metric names (``_total`` counters, base units: seconds, ratios 0..1; no task ids):
+
+=======================================  =========  ==========================================
+name                                     type       meaning
+=======================================  =========  ==========================================
+dso_groups_classified_total{outcome}     counter    groups judged by the filter, by outcome
+                                                    (informative, all_correct, all_wrong, ...)
+dso_groups_dropped_total{reason}         counter    groups finally dropped, by drop reason
+                                                    (incl. ``stale`` carry-over)
+dso_groups_emitted_total                 counter    informative groups released in batches
+dso_groups_padded_total                  counter    dropped groups released as zero-weight padding
+dso_groups_held                          gauge      groups held now (carry pool + padding candidates)
+dso_groups_carried                       gauge      informative groups carried over (carry pool)
+dso_rollouts_total{purpose}              counter    rollouts generated, purpose initial | replenish
+dso_rollouts_wasted_total                counter    rollouts of dropped or padding groups
+dso_replenish_rounds_total               counter    replenish rounds started
+dso_batches_total                        counter    batches emitted
+dso_batches_partial_total                counter    batches emitted flagged partial
+dso_cap_hits_total                       counter    batches closed at the replenish-round cap
+dso_batch_replenish_rounds               histogram  replenish rounds spent per batch
+dso_batch_fill_seconds                   histogram  wall time from a batch's first round to release
+dso_keep_ratio                           gauge      informative / classified groups (cumulative)
+dso_predicted_keep_rate                  gauge      the keep rate used to size the next round
+dso_reward_mean{groups}                  gauge      mean rollout reward, groups = all | kept
+dso_replenish_paused                     gauge      1 while replenishment is paused
+dso_resampling_policy_revision           gauge      revision counter of the resampling policy
+dso_resampling_policy_info{...}          gauge (1)  the resampling policy's settings as labels
+dso_model_version                       gauge      newest model weights version seen
+dso_anchor_index_entries                 gauge      anchor states held by the anchor index
+dso_anchor_group_size                    histogram  size of each anchor-state group formed
+dso_redis_op_duration_seconds{op}        histogram  Redis operation latency
+dso_redis_op_errors_total{op}            counter    failed Redis operations
+=======================================  =========  ==========================================
+
+Vocabulary: "model version" is the *model weights* version that produced a rollout
+(``dso_model_version``); the resampling policy's change counter is the *revision*
+(``dso_resampling_policy_revision``, the REST API's ETag).
+
+Counters advance by deltas between successive ``stats()`` snapshots. If a snapshot ever
+goes backwards (a checkpoint from an older run), the counter is left alone and the new
+value becomes the baseline.
+
+Anchor index hooks (for ``orchestrator/anchors/index.py``): :func:`observe_redis_op`,
+:func:`set_anchor_entries`, :func:`observe_anchor_group_sizes`, :func:`set_anchor_stats`,
+and the :func:`redis_op` context manager. They record into the process's current
+:class:`DSOMetrics` (the one the actor was given, or a default one created on first use).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from algos.dapo import GroupReason
+
+PREFIX = "dso"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Content type of :meth:`DSOMetrics.exposition` (Prometheus text format 0.0.4)."""
+
+OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupReason)
+"""Label values of ``outcome`` (filter outcomes, ``algos.dapo.GroupReason``)."""
+DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != GroupReason.INFORMATIVE)
+"""Label values of ``reason`` on ``dso_groups_dropped_total``."""
+PURPOSES: tuple[str, ...] = ("initial", "replenish")
+REWARD_GROUPS: tuple[str, ...] = ("all", "kept")
+REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "expire", "stats", "delete", "ping", "other")
+"""Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
+
+ROUNDS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+FILL_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+ANCHOR_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+REDIS_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+POLICY_INFO_FIELDS = (
+    "target_groups",
+    "group_size",
+    "max_replenish_rounds",
+    "on_cap",
+    "replenish",
+    "replenish_paused",
+    "min_keep_rate",
+    "max_staleness",
+    "filter_judge",
+    "filter_band",
+)
+"""Labels of ``dso_resampling_policy_info`` (a handful of settings; one series at a time)."""
+
+# stats() key -> counter attribute (unlabelled counters)
+_SIMPLE_COUNTERS = {
+    "groups_emitted": "groups_emitted",
+    "groups_padded": "groups_padded",
+    "rollouts_wasted": "rollouts_wasted",
+    "replenish_rounds": "replenish_rounds",
+    "batches_emitted": "batches",
+    "batches_partial": "batches_partial",
+    "cap_hits": "cap_hits",
+}
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+class DSOMetrics:
+    """The orchestrator's metrics (the ``metrics=`` hook of :class:`orchestrator.service.actor.Orchestrator`).
+
+    The prometheus-client objects are created lazily, on first use, in the process that
+    uses them: an instance is cheap to build in a driver and pickles (without its registry)
+    into the actor. Every labelled series is created at 0 when the metrics are created, so
+    dashboards and ``rate()`` see them before the first event.
+
+    Args:
+        registry: a ``prometheus_client.CollectorRegistry``; None creates a private one
+            (the process-global default registry is never touched).
+        make_current: become the target of the module-level anchor/Redis hooks in the
+            process where the metrics are first used.
+    """
+
+    def __init__(self, registry: Any = None, *, make_current: bool = True):
+        self._registry = registry
+        self._make_current = make_current
+        self._m: dict[str, Any] | None = None
+        self._last: dict[str, float] = {}
+
+    # -------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict:
+        if self._m is not None:
+            raise TypeError("DSOMetrics cannot be pickled once its metrics exist (create it fresh for the actor)")
+        return {"_registry": None, "_make_current": self._make_current, "_m": None, "_last": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    # -------------------------------------------------------------- creation
+    @property
+    def registry(self) -> Any:
+        """The registry (created on first access)."""
+        self._ensure()
+        return self._registry
+
+    def _ensure(self) -> dict[str, Any]:
+        if self._m is not None:
+            return self._m
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=True)
+        r = self._registry
+        p = PREFIX
+        m: dict[str, Any] = {
+            "groups_classified": Counter(f"{p}_groups_classified", "Groups judged by the dynamic-sampling filter, by outcome.", ["outcome"], registry=r),
+            "groups_dropped": Counter(f"{p}_groups_dropped", "Groups dropped for good, by drop reason.", ["reason"], registry=r),
+            "groups_emitted": Counter(f"{p}_groups_emitted", "Informative groups released in train batches.", registry=r),
+            "groups_padded": Counter(f"{p}_groups_padded", "Dropped groups released as zero-weight padding.", registry=r),
+            "groups_held": Gauge(f"{p}_groups_held", "Groups held now: carry pool plus padding candidates.", registry=r),
+            "groups_carried": Gauge(f"{p}_groups_carried", "Informative groups carried over to the next batch (carry pool).", registry=r),
+            "rollouts": Counter(f"{p}_rollouts", "Rollouts generated, by purpose (initial or replenish round).", ["purpose"], registry=r),
+            "rollouts_wasted": Counter(f"{p}_rollouts_wasted", "Rollouts of dropped or padding groups.", registry=r),
+            "replenish_rounds": Counter(f"{p}_replenish_rounds", "Replenish rounds started.", registry=r),
+            "batches": Counter(f"{p}_batches", "Train batches emitted.", registry=r),
+            "batches_partial": Counter(f"{p}_batches_partial", "Train batches emitted flagged partial.", registry=r),
+            "cap_hits": Counter(f"{p}_cap_hits", "Batches closed at the replenish-round cap.", registry=r),
+            "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
+            "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),
+            "keep_ratio": Gauge(f"{p}_keep_ratio", "Share of classified groups that were informative (cumulative, 0..1; NaN before any).", registry=r),
+            "predicted_keep_rate": Gauge(f"{p}_predicted_keep_rate", "Laplace-smoothed keep rate that sizes the next round (0..1).", registry=r),
+            "reward_mean": Gauge(f"{p}_reward_mean", "Mean rollout reward (cumulative) of all classified groups or of kept (informative) ones.", ["groups"], registry=r),
+            "replenish_paused": Gauge(f"{p}_replenish_paused", "1 while replenish rounds are paused, else 0.", registry=r),
+            "policy_revision": Gauge(f"{p}_resampling_policy_revision", "Revision counter of the resampling policy (bumped by every accepted change; the REST ETag). Not the model weights version.", registry=r),
+            "policy_info": Info(f"{p}_resampling_policy", "Current resampling policy settings.", registry=r),
+            "model_version": Gauge(f"{p}_model_version", "Newest model weights version (model version) seen by the orchestrator.", registry=r),
+            "anchor_entries": Gauge(f"{p}_anchor_index_entries", "Anchor states held by the anchor-state index.", registry=r),
+            "anchor_sizes": Histogram(f"{p}_anchor_group_size", "Size (steps) of each anchor-state group formed.", buckets=ANCHOR_SIZE_BUCKETS, registry=r),
+            "redis_seconds": Histogram(f"{p}_redis_op_duration_seconds", "Latency of Redis operations of the anchor index, in seconds.", ["op"], buckets=REDIS_SECONDS_BUCKETS, registry=r),
+            "redis_errors": Counter(f"{p}_redis_op_errors", "Failed Redis operations of the anchor index.", ["op"], registry=r),
+        }
+        for v in OUTCOMES:
+            m["groups_classified"].labels(outcome=v)
+        for v in DROP_REASONS:
+            m["groups_dropped"].labels(reason=v)
+        for v in PURPOSES:
+            m["rollouts"].labels(purpose=v)
+        for v in REWARD_GROUPS:
+            m["reward_mean"].labels(groups=v).set(math.nan)
+        for v in REDIS_OPS:
+            m["redis_seconds"].labels(op=v)
+            m["redis_errors"].labels(op=v)
+        m["keep_ratio"].set(math.nan)
+        self._m = m
+        if self._make_current:
+            set_current(self)
+        return m
+
+    # -------------------------------------------------------------- actor hooks
+    def _advance(self, counter: Any, key: str, value: float) -> None:
+        last = self._last.get(key)
+        if last is not None and value > last:
+            counter.inc(value - last)
+        elif last is None and value > 0:
+            counter.inc(value)
+        self._last[key] = value
+
+    def update(self, stats: dict, policy: Any = None) -> None:
+        """Bring every metric up to an ``OrchestratorCore.stats()`` snapshot.
+
+        Args:
+            stats: the snapshot (cumulative counters; see ``OrchestratorCore.stats``).
+            policy: the current :class:`orchestrator.core.policy.ResamplingPolicy` (for the info metric).
+        """
+        m = self._ensure()
+        for key, attr in _SIMPLE_COUNTERS.items():
+            if key in stats:
+                self._advance(m[attr], key, stats[key])
+        for outcome, n in stats.get("classified_by_reason", {}).items():
+            self._advance(m["groups_classified"].labels(outcome=outcome), f"classified:{outcome}", n)
+        for reason, n in stats.get("dropped_by_reason", {}).items():
+            self._advance(m["groups_dropped"].labels(reason=reason), f"dropped:{reason}", n)
+        for purpose in PURPOSES:
+            key = f"rollouts_{purpose}"
+            if key in stats:
+                self._advance(m["rollouts"].labels(purpose=purpose), key, stats[key])
+        m["groups_held"].set(stats.get("groups_held", 0))
+        m["groups_carried"].set(stats.get("groups_carried", 0))
+        m["keep_ratio"].set(_nan(stats.get("keep_ratio")))
+        m["predicted_keep_rate"].set(_nan(stats.get("predicted_keep_rate")))
+        m["reward_mean"].labels(groups="all").set(_nan(stats.get("mean_reward_all")))
+        m["reward_mean"].labels(groups="kept").set(_nan(stats.get("mean_reward_kept")))
+        m["replenish_paused"].set(1 if stats.get("replenish_paused") else 0)
+        m["policy_revision"].set(stats.get("policy_revision", 0))
+        m["model_version"].set(stats.get("model_version", 0))
+        if policy is not None:
+            m["policy_info"].info(policy_labels(policy))
+
+    def observe_batch(self, batch: Any) -> None:
+        """Record one emitted batch: its replenish rounds and its fill time (seconds)."""
+        m = self._ensure()
+        m["batch_rounds"].observe(batch.rounds)
+        m["batch_fill"].observe(max(0.0, float(batch.fill_seconds)))
+
+    # -------------------------------------------------------------- anchor index hooks
+    def observe_redis_op(self, op: str, seconds: float, error: bool = False) -> None:
+        """One Redis operation: its latency (seconds) and whether it failed.
+
+        ``op`` should be one of :data:`REDIS_OPS`; anything else is recorded as ``other``.
+        """
+        m = self._ensure()
+        op = op if op in REDIS_OPS else "other"
+        m["redis_seconds"].labels(op=op).observe(max(0.0, float(seconds)))
+        if error:
+            m["redis_errors"].labels(op=op).inc()
+
+    def set_anchor_entries(self, entries: int) -> None:
+        """Anchor states currently held by the index."""
+        self._ensure()["anchor_entries"].set(entries)
+
+    def observe_anchor_group_sizes(self, sizes: Iterable[int]) -> None:
+        """Sizes (steps per group) of anchor groups just formed; call once per group formed."""
+        h = self._ensure()["anchor_sizes"]
+        for s in sizes:
+            h.observe(float(s))
+
+    # -------------------------------------------------------------- exposition
+    def exposition(self) -> str:
+        """The registry in Prometheus text format 0.0.4 (see :data:`CONTENT_TYPE`)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+
+def policy_labels(policy: Any) -> dict[str, str]:
+    """Label values of ``dso_resampling_policy_info`` for a ResamplingPolicy (or its dict)."""
+    d = policy if isinstance(policy, dict) else policy.model_dump(mode="json")
+    f = d.get("filter", {})
+    out = {}
+    for name in POLICY_INFO_FIELDS:
+        value = f.get(name[len("filter_"):]) if name.startswith("filter_") else d.get(name)
+        out[name] = "" if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+    return out
+
+
+# ------------------------------------------------------------------ process-wide hooks
+
+_current: DSOMetrics | None = None
+
+
+def set_current(metrics: DSOMetrics) -> None:
+    """Make ``metrics`` the target of the module-level hooks in this process."""
+    global _current
+    _current = metrics
+
+
+def current() -> DSOMetrics:
+    """The process's current metrics (the actor's, or a default one created now)."""
+    global _current
+    if _current is None:
+        _current = DSOMetrics()
+    return _current
+
+
+def observe_redis_op(op: str, seconds: float, error: bool = False) -> None:
+    """Record one Redis operation of the anchor index (see :meth:`DSOMetrics.observe_redis_op`)."""
+    current().observe_redis_op(op, seconds, error)
+
+
+@contextmanager
+def redis_op(op: str) -> Iterator[None]:
+    """Time a Redis operation; an exception counts as an error and propagates.
+
+    Example::
+
+        with metrics.redis_op("insert"):
+            pipe.execute()
+    """
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        observe_redis_op(op, time.perf_counter() - start, error=True)
+        raise
+    observe_redis_op(op, time.perf_counter() - start)
+
+
+def set_anchor_entries(entries: int) -> None:
+    current().set_anchor_entries(entries)
+
+
+def observe_anchor_group_sizes(sizes: Iterable[int]) -> None:
+    current().observe_anchor_group_sizes(sizes)
+
+
+def set_anchor_stats(entries: int, sizes: Sequence[int] = ()) -> None:
+    """Anchor index statistics: ``entries`` anchor states held, ``sizes`` of groups just formed."""
+    m = current()
+    m.set_anchor_entries(entries)
+    m.observe_anchor_group_sizes(sizes)

@@ -1,0 +1,66 @@
+"""A task set: tasks by id, with their scorer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from orchestrator.core.types import InvalidTaskError, Task, UnknownTaskError
+from orchestrator.tasks.scoring import score_response
+
+
+class TaskSet:
+    """An ordered, immutable collection of tasks with unique ids, and their scorer.
+
+    Args:
+        tasks: the tasks, in the order of :attr:`task_ids`.
+    Raises:
+        InvalidTaskError: two tasks share an id (names it), or a task has an empty prompt.
+    """
+
+    def __init__(self, tasks: Iterable[Task]):
+        self._tasks: dict[str, Task] = {}
+        for task in tasks:
+            if task.task_id in self._tasks:
+                raise InvalidTaskError(f"duplicate task_id {task.task_id!r}")
+            if not task.prompt:
+                raise InvalidTaskError(f"task {task.task_id!r}: empty prompt")
+            self._tasks[task.task_id] = task
+        self.task_ids: list[str] = list(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self):
+        return iter(self._tasks.values())
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    def get(self, task_id: str) -> Task:
+        """The task with id ``task_id``.
+
+        Raises:
+            UnknownTaskError: no such task (the message names the id and the set size).
+        """
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise UnknownTaskError(
+                f"unknown task_id {task_id!r} (task set holds {len(self._tasks)} tasks)"
+            ) from None
+
+    def kinds(self) -> dict[str, int]:
+        """Number of tasks per ``Task.kind``, in first-seen order."""
+        counts: dict[str, int] = {}
+        for task in self._tasks.values():
+            counts[task.kind] = counts.get(task.kind, 0) + 1
+        return counts
+
+    def score(self, task: Task, response_text: str) -> tuple[float, dict[str, float]]:
+        """DAPO rule reward (+1 correct / -1 wrong) and ``{"accuracy": 1.0 | 0.0}``.
+
+        See :func:`score_response` for the extraction rules and the errors raised.
+        """
+        return score_response(task, response_text)
+
+

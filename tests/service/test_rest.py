@@ -1,0 +1,259 @@
+"""The REST service over real HTTP: a real Ray Serve app in front of a real orchestrator actor.
+
+One Serve app for the module (``dso_service`` in conftest.py); each test gets a fresh actor
+behind it (the service looks the actor up again by name).
+"""
+
+import httpx
+import pytest
+import ray
+
+DSO_TOKEN = "test-token-7f3a"
+AUTH = {"Authorization": f"Bearer {DSO_TOKEN}"}
+MIXED, WRONG = [1.0, -1.0], [-1.0, -1.0]
+
+
+@pytest.fixture
+def svc(dso_service):
+    return dso_service
+
+
+@pytest.fixture
+def http(dso_service):
+    with httpx.Client(base_url=dso_service.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def orch(svc):
+    """Two tasks, first call all wrong then mixed; target 2 groups of 2, rounds sized exactly."""
+    return svc.orchestrator({"target_groups": 2, "group_size": 2, "min_keep_rate": 1.0},
+                            {"t0": [WRONG, MIXED], "t1": [WRONG, MIXED]})
+
+
+def revision(http) -> int:
+    return http.get("/v1/policy").json()["revision"]
+
+
+def test_healthz_and_openapi(orch, http):
+    r = http.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    spec = http.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    paths = spec["paths"]
+    for p in ("/v1/policy", "/v1/stats", "/v1/tasks/{task_id}", "/v1/replenish/pause", "/v1/replenish/resume",
+              "/healthz", "/metrics"):
+        assert p in paths
+    assert set(paths["/v1/policy"]) == {"get", "put", "patch"}
+
+
+def test_policy_round_trip_bumps_revision_and_etag(orch, http):
+    r = http.get("/v1/policy")
+    assert r.status_code == 200 and r.headers["etag"] == '"0"'
+    assert r.json()["policy"]["target_groups"] == 2
+    r = http.patch("/v1/policy", json={"target_groups": 3, "filter": {"std_tol": 0.01}}, headers=AUTH)
+    assert r.status_code == 200 and r.headers["etag"] == '"1"'
+    got = http.get("/v1/policy").json()
+    assert got["revision"] == 1 and got["policy"]["target_groups"] == 3
+    assert got["policy"]["filter"]["std_tol"] == 0.01 and got["policy"]["filter"]["judge"] == "reward"
+    # PUT replaces the whole policy: omitted fields take their defaults
+    r = http.put("/v1/policy", json={"target_groups": 5, "group_size": 2, "filter": {"band": [-0.5, 0.5]}}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["revision"] == 2
+    p = http.get("/v1/policy").json()["policy"]
+    assert p["target_groups"] == 5 and p["min_keep_rate"] == 0.1 and p["filter"]["band"] == [-0.5, 0.5]
+    assert p["filter"]["std_tol"] == 1e-6
+    # the actor agrees
+    assert ray.get(orch.get_policy.remote())["revision"] == 2
+
+
+INVALID_PATCHES = [
+    ({"target_groups": -1}, "target_groups"),
+    ({"target_groups": "4"}, "target_groups"),
+    ({"min_keep_rate": 0}, "min_keep_rate"),
+    ({"on_cap": "explode"}, "on_cap"),
+    ({"replenish_paused": 1}, "replenish_paused"),
+    ({"filter": {"band": [0.1]}}, "filter.band"),
+    ({"no_such_knob": 1}, "no_such_knob"),
+    ({"filter": {"wrong_threshold": 2.0}}, "wrong_threshold"),  # cross-field: refused by the actor
+    ({"target_groups": None}, "target_groups"),
+]
+
+
+def test_invalid_patch_is_422_naming_the_field_and_changes_nothing(orch, http):
+    before = http.get("/v1/policy").json()
+    for body, field in INVALID_PATCHES:
+        r = http.patch("/v1/policy", json=body, headers=AUTH)
+        assert r.status_code == 422, (body, r.text)
+        assert field in r.json()["message"], (body, r.text)
+        assert http.get("/v1/policy").json() == before
+
+
+def test_invalid_put_is_422(orch, http):
+    r = http.put("/v1/policy", json={"group_size": 0}, headers=AUTH)
+    assert r.status_code == 422 and "group_size" in r.json()["message"]
+    assert revision(http) == 0
+
+
+def test_bad_bodies_are_4xx_and_service_keeps_running(orch, http):
+    cases = [
+        ({"content": b'{"target_groups": 3', "headers": {"Content-Type": "application/json"}}, 400, "malformed JSON"),
+        ({"content": b"[1, 2]", "headers": {"Content-Type": "application/json"}}, 422, "body"),
+        ({"content": b"", "headers": {"Content-Type": "application/json"}}, 422, "body"),
+        ({"json": {}}, 400, "no field to change"),
+        ({"content": b"target_groups=3", "headers": {"Content-Type": "text/plain"}}, 415, "Content-Type"),
+        ({"json": {"filter": {"judge": "x" * 70_000}}}, 413, "exceeds the limit"),
+    ]
+    for kwargs, status, words in cases:
+        kwargs.setdefault("headers", {})
+        kwargs["headers"] = {**kwargs["headers"], **AUTH}
+        r = http.patch("/v1/policy", **kwargs)
+        assert r.status_code == status, (kwargs, r.text)
+        assert words in r.json()["message"]
+    assert revision(http) == 0
+    assert http.get("/healthz").status_code == 200
+
+
+def test_oversized_chunked_body_is_413(orch, http):
+    def chunks():
+        for _ in range(40):
+            yield b" " * 4096  # 160 KiB without a Content-Length
+
+    r = http.patch("/v1/policy", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["message"]
+    assert revision(http) == 0
+
+
+def test_stale_if_match_is_409(orch, http):
+    r = http.patch("/v1/policy", json={"target_groups": 3}, headers={**AUTH, "If-Match": '"0"'})
+    assert r.status_code == 200 and r.headers["etag"] == '"1"'
+    r = http.patch("/v1/policy", json={"target_groups": 4}, headers={**AUTH, "If-Match": '"0"'})
+    assert r.status_code == 409 and "expected 0 but the policy is at revision 1" in r.json()["message"]
+    r = http.put("/v1/policy", json={"target_groups": 4, "group_size": 2}, headers={**AUTH, "If-Match": 'W/"0"'})
+    assert r.status_code == 409
+    assert http.get("/v1/policy").json()["policy"]["target_groups"] == 3
+    r = http.patch("/v1/policy", json={"target_groups": 4}, headers={**AUTH, "If-Match": "abc"})
+    assert r.status_code == 400 and "If-Match" in r.json()["message"]
+    r = http.patch("/v1/policy", json={"target_groups": 4}, headers={**AUTH, "If-Match": '"1"'})
+    assert r.status_code == 200 and r.json()["revision"] == 2
+
+
+def test_auth_on_mutating_endpoints(orch, http):
+    for method, path in (("PATCH", "/v1/policy"), ("PUT", "/v1/policy"), ("POST", "/v1/replenish/pause"),
+                         ("POST", "/v1/replenish/resume")):
+        body = {"target_groups": 3, "group_size": 2} if method != "POST" else None
+        r = http.request(method, path, json=body)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), (method, path)
+        r = http.request(method, path, json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 403, (method, path)
+        r = http.request(method, path, json=body, headers={"Authorization": f"Basic {DSO_TOKEN}"})
+        assert r.status_code == 401
+    # unauthenticated requests are refused before the body is parsed
+    assert http.patch("/v1/policy", content=b"{oops", headers={"Content-Type": "application/json"}).status_code == 401
+    assert revision(http) == 0
+    for path in ("/v1/policy", "/v1/stats", "/healthz", "/metrics"):
+        assert http.get(path).status_code == 200
+
+
+def test_task_history_and_unknown_task_404(orch, http):
+    ray.get(orch.next_batch.remote())  # t0, t1 wrong, then both mixed
+    r = http.get("/v1/tasks/t0")
+    assert r.status_code == 200
+    h = r.json()
+    assert h["task_id"] == "t0" and h["groups"] == 2 and h["rollouts"] == 4 and h["informative"] == 1
+    assert h["pass_rate"] == 0.25 and h["mean"] == -0.5
+    r = http.get("/v1/tasks/nope")
+    assert r.status_code == 404 and "nope" in r.json()["message"]
+
+
+def test_stats_are_live(orch, http):
+    s0 = http.get("/v1/stats").json()
+    assert s0["groups_submitted"] == 0 and s0["keep_ratio"] is None
+    ray.get(orch.next_batch.remote())
+    s = http.get("/v1/stats").json()
+    # round 0: t0, t1 all wrong; replenish round 1: t0, t1 mixed -> a batch of 2
+    assert s["batches_emitted"] == 1 and s["groups_submitted"] == 4 and s["groups_emitted"] == 2
+    assert s["classified_by_reason"]["all_wrong"] == 2 and s["replenish_rounds"] == 1
+    assert s["rollouts_initial"] == 4 and s["rollouts_replenish"] == 4 and s["keep_ratio"] == 0.5
+
+
+def test_pause_stops_replenish_rounds_and_resume_restarts_them(orch, http):
+    r = http.post("/v1/replenish/pause", headers=AUTH)
+    assert r.status_code == 200 and r.json()["policy"]["replenish_paused"] is True and r.json()["revision"] == 1
+    assert ray.get(orch.next_batch.remote(timeout_s=1.0)) is None  # initial round only: 2 wrong groups
+    s = http.get("/v1/stats").json()
+    assert s["replenish_rounds"] == 0 and s["groups_submitted"] == 2 and s["replenish_paused"] is True
+    r = http.post("/v1/replenish/resume", headers=AUTH)
+    assert r.status_code == 200 and r.json()["policy"]["replenish_paused"] is False and r.json()["revision"] == 2
+    batch = ray.get(orch.next_batch.remote(timeout_s=10.0))
+    assert batch is not None and batch.rounds == 1 and len(batch.groups) == 2
+    assert http.get("/v1/stats").json()["replenish_rounds"] == 1
+
+
+def test_rest_policy_change_changes_the_next_batch(svc, http):
+    # t0, t1: mean 0 ([1, -1]); t2, t3: mean 0.5 ([1, 0]); all informative under the default filter
+    a, b = [1.0, -1.0], [1.0, 0.0]
+    orch = svc.orchestrator({"target_groups": 4, "group_size": 2, "min_keep_rate": 1.0},
+                            {"t0": [a], "t1": [a], "t2": [b], "t3": [b]})
+    first = ray.get(orch.next_batch.remote())
+    assert {g.task_id for g in first.groups} == {"t0", "t1", "t2", "t3"}
+    assert http.get("/v1/stats").json()["classified_by_reason"]["out_of_band"] == 0
+    r = http.patch("/v1/policy", json={"filter": {"band": [-0.25, 0.25]}}, headers=AUTH)
+    assert r.status_code == 200
+    second = ray.get(orch.next_batch.remote())
+    assert len(second.groups) == 4 and {g.task_id for g in second.groups} <= {"t0", "t1"}
+    s = http.get("/v1/stats").json()
+    # round 0 of batch 2 rolls out all four tasks (one epoch): t2 and t3 at least are now out of band
+    assert s["classified_by_reason"]["out_of_band"] >= 2
+    assert s["dropped_by_reason"]["out_of_band"] == s["classified_by_reason"]["out_of_band"]
+    assert s["replenish_rounds"] >= 1
+
+
+def test_dead_actor_is_503_then_found_again(svc, http):
+    svc.orchestrator({"target_groups": 2, "group_size": 2}, {"t0": [MIXED]})
+    assert http.get("/healthz").status_code == 200
+    svc.stop()
+    r = http.get("/healthz")
+    assert r.status_code == 503 and r.json()["status"] == "unavailable"
+    r = http.get("/v1/stats")
+    assert r.status_code == 503 and "not found" in r.json()["message"]
+    svc.orchestrator({"target_groups": 3, "group_size": 2}, {"t0": [MIXED]})
+    assert http.get("/healthz").status_code == 200
+    assert http.get("/v1/policy").json()["policy"]["target_groups"] == 3
+
+
+def test_cli_policy_and_status_go_through_the_rest_api(orch, svc):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.app import app
+
+    runner = CliRunner()
+    env = {"DSO_URL": svc.url, "DSO_API_TOKEN": ""}
+    r = runner.invoke(app, ["policy", "get"], env=env)
+    assert r.exit_code == 0 and '"revision": 0' in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=3", "filter.band=[-0.5, 0.5]", "replenish_paused=true"], env=env)
+    assert r.exit_code == 1 and "401" in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=3", "filter.band=[-0.5, 0.5]", "replenish_paused=true",
+                            "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 0 and r.output.startswith("revision 1")
+    p = ray.get(orch.get_policy.remote())["policy"]
+    assert p["target_groups"] == 3 and p["filter"]["band"] == [-0.5, 0.5] and p["replenish_paused"] is True
+    r = runner.invoke(app, ["policy", "set", "group_size=0", "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 1 and "422" in r.output and "group_size" in r.output
+    r = runner.invoke(app, ["policy", "set", "target_groups=4", "--if-match", "0", "--token", DSO_TOKEN], env=env)
+    assert r.exit_code == 1 and "409" in r.output
+    r = runner.invoke(app, ["status"], env=env)
+    assert r.exit_code == 0 and "groups submitted" in r.output and "replenish paused" in r.output
+
+
+def test_cli_assignments_parse_to_nested_typed_values():
+    import typer
+
+    from orchestrator.cli.service import parse_assignments
+
+    got = parse_assignments(["target_groups=4", "filter.std_tol=0.01", "filter.band=[0.1, 0.9]", "max_staleness=null",
+                             "replenish_paused=true", "on_cap=partial"])
+    assert got == {"target_groups": 4, "filter": {"std_tol": 0.01, "band": [0.1, 0.9]}, "max_staleness": None,
+                   "replenish_paused": True, "on_cap": "partial"}
+    for bad in ("target_groups", "=4", "filter.=1"):
+        with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
+            parse_assignments([bad])
