@@ -60,7 +60,7 @@ def ours(source, tasks, batches: int, target: int, n: int, **policy) -> dict:
             g.purpose = plan.purpose
         core.submit(groups)
     s = core.stats()
-    return {"rollouts": s["rollouts_total"], "emitted": s["groups_emitted"], "discarded_informative": 0}
+    return {"rollouts": s.rollouts_total, "emitted": s.groups_emitted, "discarded_informative": 0}
 
 
 def main() -> None:

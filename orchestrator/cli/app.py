@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from orchestrator.core.stats import Stats
+
 app = typer.Typer(help="trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
@@ -50,22 +52,15 @@ def dapo_table(summary: dict) -> Table:
     t = Table(title=f"trinity-dso DAPO demo ({summary['backend']}, {summary['wall_seconds']} s)")
     t.add_column("measure")
     t.add_column("value", justify="right")
+    title = {k: f.title or k for k, f in Stats.model_fields.items()}
     rows = [
-        ("batches emitted", s["batches_emitted"]),
-        ("groups emitted (informative)", s["groups_emitted"]),
-        ("groups carried over", s["groups_carried"]),
-        ("groups used as padding", s["groups_padded"]),
+        *[(title[k], s[k]) for k in ("batches_emitted", "groups_emitted", "groups_carried", "groups_padded")],
         *[(f"groups dropped: {r}", v) for r, v in s["dropped_by_reason"].items() if v],
         *[(f"groups classified: {r}", v) for r, v in s["classified_by_reason"].items() if v],
-        ("rollouts generated: initial", s["rollouts_initial"]),
-        ("rollouts generated: replenish", s["rollouts_replenish"]),
-        ("rollouts wasted", s["rollouts_wasted"]),
-        ("rollouts per emitted informative group", s["rollouts_per_emitted_group"]),
-        ("keep rate (informative / classified)", s["keep_ratio"]),
-        ("replenish rounds per batch", ", ".join(map(str, s["rounds_per_batch"]))),
-        ("cap hits", s["cap_hits"]),
-        ("mean reward: all groups", s["mean_reward_all"]),
-        ("mean reward: informative groups (emitted or carried)", s["mean_reward_kept"]),
+        *[(title[k], s[k]) for k in ("rollouts_initial", "rollouts_replenish", "rollouts_wasted", "rollouts_per_emitted_group",
+                                     "keep_ratio")],
+        (title["rounds_per_batch"], ", ".join(map(str, s["rounds_per_batch"]))),
+        *[(title[k], s[k]) for k in ("cap_hits", "mean_reward_all", "mean_reward_kept")],
     ]
     for name, value in rows:
         t.add_row(name, _fmt(value))
@@ -171,8 +166,8 @@ def demo(
         task = bar.add_task("starting (model conversion and engine start-up)", total=cfg.batches)
 
         def on_batch(i: int, stats: dict) -> None:
-            bar.update(task, completed=i + 1, description=f"kept {stats['groups_emitted']}, dropped {stats['groups_dropped']}, "
-                                                          f"rollouts {stats['rollouts_total']}")
+            bar.update(task, completed=i + 1, description=f"kept {stats.groups_emitted}, dropped {stats.groups_dropped}, "
+                                                          f"rollouts {stats.rollouts_total}")
 
         summary = run_dapo_demo(cfg, progress=on_batch)
     console.print(dapo_table(summary))

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.core.stats import Stats
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 URL_OPTION = typer.Option(DEFAULT_URL, "--url", envvar="DSO_URL", help="Base URL of the REST service.")
@@ -97,46 +99,16 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-STATUS_ROWS = [
-    ("batch being filled", "batch_id"),
-    ("batches emitted", "batches_emitted"),
-    ("batches partial", "batches_partial"),
-    ("groups submitted", "groups_submitted"),
-    ("groups emitted (kept)", "groups_emitted"),
-    ("groups dropped", "groups_dropped"),
-    ("dropped by reason", "dropped_by_reason"),
-    ("classified by outcome", "classified_by_reason"),
-    ("groups used as padding", "groups_padded"),
-    ("groups carried over", "groups_carried"),
-    ("groups held", "groups_held"),
-    ("rollouts: initial", "rollouts_initial"),
-    ("rollouts: replenish", "rollouts_replenish"),
-    ("rollouts: wasted", "rollouts_wasted"),
-    ("rollouts per emitted group", "rollouts_per_emitted_group"),
-    ("keep ratio", "keep_ratio"),
-    ("predicted keep rate", "predicted_keep_rate"),
-    ("replenish rounds", "replenish_rounds"),
-    ("replenish rounds per batch (last 10)", "rounds_per_batch"),
-    ("cap hits", "cap_hits"),
-    ("mean reward: all", "mean_reward_all"),
-    ("mean reward: kept", "mean_reward_kept"),
-    ("replenish paused", "replenish_paused"),
-    ("resampling policy revision", "policy_revision"),
-    ("model version (model weights)", "model_version"),
-    ("epoch", "epoch"),
-]
-
-
 def status_table(stats: dict, url: str = ""):
-    """A rich table of ``GET /v1/stats``."""
+    """A rich table of ``GET /v1/stats``: every :class:`~orchestrator.core.stats.Stats` field under its title."""
     from rich.table import Table
 
     t = Table(title=f"trinity-dso status {url}".strip())
     t.add_column("measure")
     t.add_column("value", justify="right")
-    for label, key in STATUS_ROWS:
+    for key, field in Stats.model_fields.items():
         if key in stats:
-            t.add_row(label, _fmt(stats[key]))
+            t.add_row(field.title or key, _fmt(stats[key]))
     return t
 
 

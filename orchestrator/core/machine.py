@@ -30,6 +30,7 @@ import numpy as np
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
 from orchestrator.core.history import TaskHistory
 from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.stats import COUNTERS, Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Purpose, UnknownTaskError
 
 ROUNDS_KEPT = 256
@@ -99,24 +100,7 @@ class OrchestratorCore:
         self.carry: list[Group] = []
         self.candidates: list[Group] = []
         # counters (cumulative)
-        self.counters = {
-            "groups_submitted": 0,
-            "groups_emitted": 0,
-            "groups_padded": 0,
-            "groups_dropped": 0,
-            "batches_emitted": 0,
-            "batches_partial": 0,
-            "cap_hits": 0,
-            "rollouts_initial": 0,
-            "rollouts_replenish": 0,
-            "rollouts_wasted": 0,
-            "groups_kept_classified": 0,
-            "replenish_rounds": 0,
-            "reward_sum_all": 0.0,
-            "reward_count_all": 0,
-            "reward_sum_kept": 0.0,
-            "reward_count_kept": 0,
-        }
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)  # cumulative, see Stats
         self.classified_by_reason = {r.label: 0 for r in GroupReason}
         self.dropped_by_reason = {r.label: 0 for r in GroupReason if r != GroupReason.INFORMATIVE}
         self.rounds_per_batch: list[int] = []
@@ -414,7 +398,8 @@ class OrchestratorCore:
         return self._release(kept, padding, partial=partial)
 
     # ------------------------------------------------------------------ views
-    def stats(self) -> dict:
+    def stats(self) -> Stats:
+        """The live counters as one typed record (see :class:`orchestrator.core.stats.Stats`)."""
         c = dict(self.counters)
         held = len(self.carry) + len(self.candidates)
         emitted_inf = c["groups_emitted"]
@@ -437,11 +422,11 @@ class OrchestratorCore:
             predicted_keep_rate=self.predicted_keep_rate(),
             replenish_paused=self.policy.replenish_paused,
         )
-        return c
+        return Stats(**c)
 
-    def task_stats(self, task_id: str) -> dict:
+    def task_stats(self, task_id: str) -> TaskStats:
         """History of one task. Raises :class:`UnknownTaskError`."""
-        return {"task_id": task_id, **self.history.row(self.task_index(task_id))}
+        return TaskStats(task_id=task_id, **self.history.row(self.task_index(task_id)))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

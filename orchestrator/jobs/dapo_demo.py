@@ -102,7 +102,7 @@ def run_dapo_demo(cfg: DemoConfig, progress=None) -> dict:
         )
         if progress is not None:
             progress(i, ray.get(actor.get_stats.remote()))
-    stats = ray.get(actor.get_stats.remote())
+    stats = ray.get(actor.get_stats.remote()).model_dump(mode="json")
     ray.kill(actor)
     summary = {
         "backend": cfg.backend,

@@ -40,6 +40,7 @@ from orchestrator.anchors.owner import (
 )
 from orchestrator.core.machine import OrchestratorCore, RoundPlan
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group
 from orchestrator.service.logs import enable_service_logging
 
@@ -284,10 +285,10 @@ class Orchestrator:
         self._anchor_auto_expire()
         self._checkpoint()
 
-    def get_stats(self) -> dict:
+    def get_stats(self) -> Stats:
         return self.core.stats()
 
-    def task_history(self, task_id: str) -> dict:
+    def task_history(self, task_id: str) -> TaskStats:
         return self.core.task_stats(task_id)
 
     def state_dict(self) -> dict:

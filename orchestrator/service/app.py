@@ -43,6 +43,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.core.policy import InvalidPolicyError
+from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
 from orchestrator.service.actor import OrchestratorUnavailable, PolicyConflictError
 from orchestrator.service.api import (
@@ -52,8 +53,6 @@ from orchestrator.service.api import (
     PolicyPatch,
     PolicyState,
     ServiceSettings,
-    Stats,
-    TaskHistory,
 )
 from orchestrator.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -314,16 +313,15 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     @app.get("/v1/stats", response_model=Stats, tags=["stats"])
     async def stats() -> Stats:
         """Live counters: groups by outcome and drop reason, rollouts, rounds, keep ratio, rewards."""
-        return Stats.model_validate(await client.call("get_stats"))
+        return await client.call("get_stats")
 
-    @app.get("/v1/tasks/{task_id}", response_model=TaskHistory, responses={404: {"model": ErrorResponse}}, tags=["stats"])
-    async def task(task_id: str) -> TaskHistory:
+    @app.get("/v1/tasks/{task_id}", response_model=TaskStats, responses={404: {"model": ErrorResponse}}, tags=["stats"])
+    async def task(task_id: str) -> TaskStats:
         """One task's reward history; 404 for a task outside the task set."""
         try:
-            row = await client.call("task_history", task_id)
+            return await client.call("task_history", task_id)
         except UnknownTaskError as err:
             raise HTTPException(404, _cause(err)) from None
-        return TaskHistory.model_validate(row)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["service"])
     async def metrics() -> Response:

@@ -78,6 +78,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from algos.dapo import GroupReason
+from orchestrator.core.stats import Stats
 
 PREFIX = "dso"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -226,34 +227,31 @@ class DSOMetrics:
             counter.inc(value)
         self._last[key] = value
 
-    def update(self, stats: dict, policy: Any = None) -> None:
-        """Bring every metric up to an ``OrchestratorCore.stats()`` snapshot.
+    def update(self, stats: Stats, policy: Any = None) -> None:
+        """Bring every metric up to a :class:`~orchestrator.core.stats.Stats` snapshot.
 
         Args:
-            stats: the snapshot (cumulative counters; see ``OrchestratorCore.stats``).
+            stats: the snapshot (cumulative counters; ``OrchestratorCore.stats()``).
             policy: the current :class:`orchestrator.core.policy.ResamplingPolicy` (for the info metric).
         """
         m = self._ensure()
         for key, attr in _SIMPLE_COUNTERS.items():
-            if key in stats:
-                self._advance(m[attr], key, stats[key])
-        for outcome, n in stats.get("classified_by_reason", {}).items():
+            self._advance(m[attr], key, getattr(stats, key))
+        for outcome, n in stats.classified_by_reason.items():
             self._advance(m["groups_classified"].labels(outcome=outcome), f"classified:{outcome}", n)
-        for reason, n in stats.get("dropped_by_reason", {}).items():
+        for reason, n in stats.dropped_by_reason.items():
             self._advance(m["groups_dropped"].labels(reason=reason), f"dropped:{reason}", n)
-        for purpose in PURPOSES:
-            key = f"rollouts_{purpose}"
-            if key in stats:
-                self._advance(m["rollouts"].labels(purpose=purpose), key, stats[key])
-        m["groups_held"].set(stats.get("groups_held", 0))
-        m["groups_carried"].set(stats.get("groups_carried", 0))
-        m["keep_ratio"].set(_nan(stats.get("keep_ratio")))
-        m["predicted_keep_rate"].set(_nan(stats.get("predicted_keep_rate")))
-        m["reward_mean"].labels(groups="all").set(_nan(stats.get("mean_reward_all")))
-        m["reward_mean"].labels(groups="kept").set(_nan(stats.get("mean_reward_kept")))
-        m["replenish_paused"].set(1 if stats.get("replenish_paused") else 0)
-        m["policy_revision"].set(stats.get("policy_revision", 0))
-        m["model_version"].set(stats.get("model_version", 0))
+        self._advance(m["rollouts"].labels(purpose="initial"), "rollouts_initial", stats.rollouts_initial)
+        self._advance(m["rollouts"].labels(purpose="replenish"), "rollouts_replenish", stats.rollouts_replenish)
+        m["groups_held"].set(stats.groups_held)
+        m["groups_carried"].set(stats.groups_carried)
+        m["keep_ratio"].set(_nan(stats.keep_ratio))
+        m["predicted_keep_rate"].set(stats.predicted_keep_rate)
+        m["reward_mean"].labels(groups="all").set(_nan(stats.mean_reward_all))
+        m["reward_mean"].labels(groups="kept").set(_nan(stats.mean_reward_kept))
+        m["replenish_paused"].set(1 if stats.replenish_paused else 0)
+        m["policy_revision"].set(stats.policy_revision)
+        m["model_version"].set(stats.model_version)
         if policy is not None:
             m["policy_info"].info(policy_labels(policy))
 

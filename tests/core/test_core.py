@@ -24,7 +24,7 @@ def core(**policy):
 
 def held_invariant(c):
     s = c.stats()
-    return s["groups_submitted"] == s["groups_emitted"] + s["groups_padded"] + s["groups_dropped"] + s["groups_held"]
+    return s.groups_submitted == s.groups_emitted + s.groups_padded + s.groups_dropped + s.groups_held
 
 
 def test_batch_has_exactly_target_groups_and_surplus_carries_over():
@@ -42,11 +42,11 @@ def test_dropped_groups_counted_by_reason():
     c = core()
     c.submit([group("t0", CORRECT), group("t1", WRONG), group("t2", MIXED), group("t3", WRONG)])
     s = c.stats()
-    assert s["classified_by_reason"]["all_correct"] == 1
-    assert s["classified_by_reason"]["all_wrong"] == 2
-    assert s["classified_by_reason"]["informative"] == 1
-    assert s["groups_held"] == 3  # 1 carried + 2 padding candidates (target_groups = 2)
-    assert s["groups_dropped"] == 1 and s["dropped_by_reason"]["all_correct"] == 1
+    assert s.classified_by_reason["all_correct"] == 1
+    assert s.classified_by_reason["all_wrong"] == 2
+    assert s.classified_by_reason["informative"] == 1
+    assert s.groups_held == 3  # 1 carried + 2 padding candidates (target_groups = 2)
+    assert s.groups_dropped == 1 and s.dropped_by_reason["all_correct"] == 1
     assert held_invariant(c)
 
 
@@ -94,8 +94,8 @@ def test_cap_pad_fills_with_dropped_groups_marked_padding():
     assert batch.groups[1].rollouts[0].info["dso_loss_weight"] == 0.0
     assert not batch.partial and batch.rounds == 1
     s = c.stats()
-    assert (s["groups_emitted"], s["groups_padded"], s["groups_dropped"], s["groups_held"]) == (1, 1, 1, 0)
-    assert s["rollouts_wasted"] == 4 and s["cap_hits"] == 1
+    assert (s.groups_emitted, s.groups_padded, s.groups_dropped, s.groups_held) == (1, 1, 1, 0)
+    assert s.rollouts_wasted == 4 and s.cap_hits == 1
 
 
 def test_cap_partial_emits_smaller_flagged_batch():
@@ -117,7 +117,7 @@ def test_cap_raise_keeps_open_batch():
     c.submit([group("t1", WRONG)])
     with pytest.raises(ReplenishCapError, match="batch 0 has 1 of 2 informative groups after 1 replenish rounds"):
         c.close_at_cap()
-    assert c.stats()["groups_held"] == 2
+    assert c.stats().groups_held == 2
     c.set_policy(c.policy.updated({"max_replenish_rounds": 2}))
     assert not c.cap_reached()
 
@@ -154,7 +154,7 @@ def test_stale_carry_over_is_dropped():
     c.submit([group("t3", MIXED, version=2)])
     assert c.try_emit() is None
     s = c.stats()
-    assert s["dropped_by_reason"]["stale"] == 1 and s["groups_carried"] == 1
+    assert s.dropped_by_reason["stale"] == 1 and s.groups_carried == 1
     assert held_invariant(c)
 
 
@@ -180,8 +180,8 @@ def test_history_welford_and_pass_rate():
     c.submit([group("t0", [1.0, 1.0])])
     h = c.task_stats("t0")
     # rewards 1, -1, 1, 1: mean 0.5, unbiased variance ((0.25 + 2.25 + 0.25 + 0.25) / 3) = 1.0
-    assert h["mean"] == pytest.approx(0.5) and h["variance"] == pytest.approx(1.0)
-    assert h["pass_rate"] == 0.75 and h["groups"] == 2 and h["consec_all_correct"] == 1
+    assert h.mean == pytest.approx(0.5) and h.variance == pytest.approx(1.0)
+    assert h.pass_rate == 0.75 and h.groups == 2 and h.consec_all_correct == 1
 
 
 def test_judge_metric_ignores_shaped_reward():

@@ -147,4 +147,4 @@ def test_orchestrator_actor_fills_batch_from_real_engine(engine, tmp_path):
             assert len(e.tokens) - e.prompt_length == len(e.logprobs) <= MAX_TOKENS
     rows = SQLiteSink(tmp_path / "b.db").read_batch(0)
     assert len(rows) == 2 * N and {r["task"] for r in rows} == {g.task_id for g in batch.groups}
-    assert stats["groups_submitted"] == stats["groups_emitted"] + stats["groups_padded"] + stats["groups_dropped"] + stats["groups_held"]
+    assert stats.groups_submitted == stats.groups_emitted + stats.groups_padded + stats.groups_dropped + stats.groups_held

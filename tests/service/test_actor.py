@@ -48,8 +48,8 @@ def test_stats_account_for_every_group(actor):
     ray.get(actor.next_batch.remote())
     ray.get(actor.next_batch.remote())
     s = ray.get(actor.get_stats.remote())
-    assert s["batches_emitted"] == 2 and s["groups_emitted"] == 4
-    assert s["groups_submitted"] == s["groups_emitted"] + s["groups_padded"] + s["groups_dropped"] + s["groups_held"]
+    assert s.batches_emitted == 2 and s.groups_emitted == 4
+    assert s.groups_submitted == s.groups_emitted + s.groups_padded + s.groups_dropped + s.groups_held
 
 
 def test_policy_change_and_stale_revision(actor):
@@ -66,7 +66,7 @@ def test_paused_replenish_runs_no_round(actor):
     ray.get(actor.set_policy.remote({"target_groups": 6, "min_keep_rate": 1.0, "replenish_paused": True}))
     assert ray.get(actor.next_batch.remote(timeout_s=0.5)) is None
     s = ray.get(actor.get_stats.remote())
-    assert s["replenish_rounds"] == 0 and s["groups_submitted"] == 6  # only the initial round ran
+    assert s.replenish_rounds == 0 and s.groups_submitted == 6  # only the initial round ran
 
 
 def test_unknown_task_history(actor):
@@ -85,7 +85,7 @@ def test_restart_resumes_from_checkpoint(ray_local, tmp_path):
     b = get_or_create_orchestrator(policy, ScriptedTasks(TASKS), ScriptedRolloutSource(script), **kwargs)
     assert ray.get(b.get_stats.remote()) == before
     batch = ray.get(b.next_batch.remote())
-    assert batch.batch_id == 1 and ray.get(b.get_stats.remote())["groups_submitted"] == 4  # the carried pair, no new round
+    assert batch.batch_id == 1 and ray.get(b.get_stats.remote()).groups_submitted == 4  # the carried pair, no new round
     ray.kill(b)
 
 

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.stats import Stats
 from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
 from orchestrator.service import metrics as M
 from orchestrator.service.metrics import DSOMetrics
@@ -29,6 +30,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "trinity-dso.json"
 DSO_TOKEN = "metrics-token"
 MIXED, WRONG = [1.0, -1.0], [-1.0, -1.0]
+
+
+def snapshot(**changes) -> Stats:
+    """The stats of a fresh core with some fields changed."""
+    return OrchestratorCore(ResamplingPolicy(), ["t0"]).stats().model_copy(update=changes)
 
 
 def samples(text: str) -> dict:
@@ -116,16 +122,16 @@ def test_counters_follow_the_state_machine_exactly():
 
 def test_a_snapshot_going_backwards_never_decreases_a_counter():
     m = DSOMetrics()
-    m.update({"batches_emitted": 5})
-    m.update({"batches_emitted": 2})  # e.g. an older checkpoint: new baseline
-    m.update({"batches_emitted": 3})
+    m.update(snapshot(batches_emitted=5))
+    m.update(snapshot(batches_emitted=2))  # e.g. an older checkpoint: new baseline
+    m.update(snapshot(batches_emitted=3))
     assert value(samples(m.exposition()), "dso_batches_total") == 6
 
 
 def test_policy_revision_and_info():
     m = DSOMetrics()
     policy = ResamplingPolicy(target_groups=3, replenish_paused=True, filter={"band": (0.1, 0.9)})
-    m.update({"policy_revision": 4, "model_version": 7, "replenish_paused": True}, policy)
+    m.update(snapshot(policy_revision=4, model_version=7, replenish_paused=True), policy)
     s = samples(m.exposition())
     assert value(s, "dso_resampling_policy_revision") == 4 and value(s, "dso_model_version") == 7
     info = [labels for (name, labels), v in s.items() if name == "dso_resampling_policy_info"]
@@ -156,7 +162,7 @@ def test_anchor_and_redis_hooks_record_into_the_current_metrics():
 
 def test_metrics_pickle_until_first_use():
     m = pickle.loads(pickle.dumps(DSOMetrics()))
-    m.update({"batches_emitted": 1})
+    m.update(snapshot(batches_emitted=1))
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(m)
 

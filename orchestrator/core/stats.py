@@ -1,0 +1,95 @@
+"""The orchestrator's typed views: :class:`Stats` (live counters) and :class:`TaskStats` (one task).
+
+One record, produced by :meth:`orchestrator.core.machine.OrchestratorCore.stats`, read by
+everyone else: it is the REST response model of ``GET /v1/stats``, the Prometheus metrics
+loop over its fields, and the CLI tables print its fields under their ``title``. Nobody
+re-types its keys. Counters are cumulative over the run and survive restarts (they are part
+of the core's ``state_dict``).
+
+Accounting invariant (checked by the tests)::
+
+    groups_submitted == groups_emitted + groups_padded + groups_dropped + groups_held
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+COUNTERS: tuple[str, ...] = (
+    "groups_submitted",
+    "groups_emitted",
+    "groups_padded",
+    "groups_dropped",
+    "batches_emitted",
+    "batches_partial",
+    "cap_hits",
+    "rollouts_initial",
+    "rollouts_replenish",
+    "rollouts_wasted",
+    "groups_kept_classified",
+    "replenish_rounds",
+    "reward_sum_all",
+    "reward_count_all",
+    "reward_sum_kept",
+    "reward_count_kept",
+)
+"""The cumulative counters the core keeps (``OrchestratorCore.counters``), in :class:`Stats` order."""
+
+
+class Stats(BaseModel):
+    """Live counters of one orchestrator. ``title`` is the label the CLI tables print."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: int = Field(title="batch being filled", description="Id of the batch being filled.")
+    batches_emitted: int = Field(title="batches emitted")
+    batches_partial: int = Field(title="batches partial", description="Batches emitted smaller than target_groups (on_cap=partial).")
+    groups_submitted: int = Field(title="groups submitted")
+    groups_emitted: int = Field(title="groups emitted (informative)")
+    groups_dropped: int = Field(title="groups dropped")
+    dropped_by_reason: dict[str, int] = Field(title="dropped by reason")
+    classified_by_reason: dict[str, int] = Field(title="classified by outcome")
+    groups_kept_classified: int = Field(title="groups classified informative")
+    groups_padded: int = Field(title="groups used as padding")
+    groups_carried: int = Field(title="groups carried over", description="Informative groups waiting for a later batch.")
+    groups_held: int = Field(title="groups held", description="Carried over plus the open batch's padding candidates.")
+    rollouts_initial: int = Field(title="rollouts generated: initial")
+    rollouts_replenish: int = Field(title="rollouts generated: replenish")
+    rollouts_total: int = Field(title="rollouts generated: total")
+    rollouts_wasted: int = Field(title="rollouts wasted", description="Rollouts of dropped groups.")
+    rollouts_per_emitted_group: float | None = Field(title="rollouts per emitted informative group", description="Null before any.")
+    keep_ratio: float | None = Field(title="keep rate (informative / classified)", description="Null before any group.")
+    predicted_keep_rate: float = Field(title="predicted keep rate")
+    replenish_rounds: int = Field(title="replenish rounds")
+    rounds_per_batch: list[int] = Field(title="replenish rounds per batch", description="The most recent batches, oldest first.")
+    cap_hits: int = Field(title="cap hits")
+    reward_sum_all: float = Field(title="reward sum: all groups")
+    reward_count_all: int = Field(title="rewards counted: all groups")
+    reward_sum_kept: float = Field(title="reward sum: informative groups")
+    reward_count_kept: int = Field(title="rewards counted: informative groups")
+    mean_reward_all: float | None = Field(title="mean reward: all groups", description="Null before any.")
+    mean_reward_kept: float | None = Field(title="mean reward: informative groups (emitted or carried)", description="Null before any.")
+    replenish_paused: bool = Field(title="replenish paused")
+    policy_revision: int = Field(title="resampling policy revision")
+    model_version: int = Field(title="model version", description="Newest model weights version seen.")
+    epoch: int = Field(title="epoch", description="Passes over the task set started.")
+
+
+class TaskStats(BaseModel):
+    """Reward history of one task (``GET /v1/tasks/{id}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    groups: int
+    informative: int
+    rollouts: int
+    correct: int
+    mean: float = Field(description="Running mean reward of its rollouts.")
+    m2: float = Field(description="Sum of squared deviations from the mean (Welford), for merging.")
+    variance: float | None = Field(description="Unbiased reward variance; null below 2 rollouts.")
+    pass_rate: float | None = Field(description="Correct / rollouts; null before any.")
+    consec_all_correct: int
+    consec_all_wrong: int
+    last_model_version: int
+    skip_until_epoch: int
