@@ -11,12 +11,11 @@ batches (e.g. a trainer batch assembled from several rounds) need no padding.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Literal
 
 import numpy as np
 import torch
 
-Norm = Literal["std", "none"]
+from algos.groups import Norm, normalise_in_groups
 
 
 class InvalidGroupError(ValueError):
@@ -182,8 +181,6 @@ def group_advantages(
         InvalidGroupError: a reward is NaN or infinite (names its index), or shapes differ.
         ValueError: unknown ``norm``.
     """
-    if norm not in ("std", "none"):
-        raise ValueError(f"norm must be 'std' or 'none', got {norm!r}")
     r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
     g = torch.as_tensor(group_ids, dtype=torch.int64).reshape(-1)
     if r.shape != g.shape:
@@ -192,23 +189,7 @@ def group_advantages(
     if bad.any():
         i = int(bad.nonzero()[0])
         raise InvalidGroupError(f"rewards: non-finite value {float(r[i])!r} at index {i} (group {int(g[i])})")
-    if r.numel() == 0:
-        return r
-    _, inv = torch.unique(g, return_inverse=True)
-    num = int(inv.max()) + 1
-    # Shift each group by its minimum first: equal rewards become exact zeros, so their
-    # mean and centred values are exactly 0 (no 1e-17 residue amplified by 1 / eps).
-    low = torch.full((num,), float("inf"), dtype=torch.float64).scatter_reduce_(0, inv, r, reduce="amin")
-    shifted = r - low[inv]
-    count = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, torch.ones_like(r))
-    total = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, shifted)
-    mean = total / count
-    centred = shifted - mean[inv]
-    sq = torch.zeros(num, dtype=torch.float64).index_add_(0, inv, centred * centred)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    denom = std + eps
-    adv = centred if norm == "none" else centred / torch.where(denom > 0, denom, 1.0)[inv]
-    return torch.where(count[inv] > 1, adv, torch.zeros_like(adv))
+    return torch.from_numpy(normalise_in_groups(r.numpy(), g.numpy(), norm=norm, eps=eps))
 
 
 def clip_higher_policy_loss(

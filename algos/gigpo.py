@@ -45,7 +45,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-Norm = Literal["std", "none"]
+from algos.groups import Norm, check_norm, normalise_in_groups
+
 EpisodeWeighting = Literal["trajectory", "step"]
 Similarity = Literal["ratio", "jaccard"]
 
@@ -60,7 +61,6 @@ __all__ = [
     "episode_advantages",
     "gigpo_advantages",
     "normalise_from_moments",
-    "normalise_in_groups",
     "similarity_anchor_ids",
     "step_advantages",
 ]
@@ -141,13 +141,6 @@ def _r(x: Any) -> str:
     return repr(x.item() if isinstance(x, np.generic) else x)
 
 
-def _check_norm(norm: str, eps: float) -> None:
-    if norm not in ("std", "none"):
-        raise ValueError(f"norm must be 'std' or 'none', got {_r(norm)}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {_r(eps)}")
-
-
 def _check_gamma(gamma: float) -> None:
     if not (isinstance(gamma, (int, float, np.floating)) and 0.0 <= float(gamma) <= 1.0):
         raise ValueError(f"gamma must be in [0, 1], got {_r(gamma)}")
@@ -202,53 +195,6 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
     return ids, (int(ids.max()) + 1 if ids.size else 0)
 
 
-def normalise_in_groups(values: Any, group_ids: Any, *, norm: Norm = "std", eps: float = 1e-6) -> np.ndarray:
-    """Group-relative normalisation ``(x - mean_g) / F_norm_g`` (GiGPO Eq. 3 and 7).
-
-    ``F_norm`` is the unbiased (ddof=1) group std plus ``eps`` for ``norm="std"`` (as
-    ``torch.std`` in verl-agent), or 1 for ``norm="none"``. Values are shifted by their group
-    minimum and the mean is removed before squaring, all in float64 and in a canonical
-    (group, value) order, so equal values give exactly 0 and the result does not depend on
-    row order. Members of singleton groups get 0.
-
-    Args:
-        values: (N,) float. Finite.
-        group_ids: (N,) int (any integer labels; compacted internally).
-        norm: ``"std"`` or ``"none"``.
-        eps: > 0.
-    Returns:
-        (N,) float64 in the input order.
-    Raises:
-        InvalidStepError: lengths differ or a value is NaN/inf (names the row).
-        ValueError: unknown ``norm`` or ``eps <= 0``.
-    """
-    _check_norm(norm, eps)
-    v = _as_1d(values, "values", np.float64)
-    g = _as_1d(group_ids, "group_ids")
-    _same_length(values=v, group_ids=g)
-    _check_finite(v, "values")
-    if v.size == 0:
-        return v.copy()
-    _, g = np.unique(g, return_inverse=True)
-    g = g.reshape(-1)
-    order = np.lexsort((v, g))
-    vs, gs = v[order], g[order]
-    num = int(gs[-1]) + 1
-    starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
-    count = np.bincount(gs, minlength=num).astype(np.float64)
-    d = vs - vs[starts][gs]  # shift by the group minimum: equal values -> exactly 0
-    mean = np.bincount(gs, weights=d, minlength=num) / count
-    centred = d - mean[gs]
-    if norm == "std":
-        sq = np.bincount(gs, weights=centred * centred, minlength=num)
-        std = np.sqrt(sq / np.maximum(count - 1.0, 1.0))
-        centred = centred / (std[gs] + eps)
-    centred[count[gs] <= 1] = 0.0
-    out = np.empty_like(centred)
-    out[order] = centred
-    return out
-
-
 def normalise_from_moments(
     values: Any,
     count: Any,
@@ -259,7 +205,7 @@ def normalise_from_moments(
     norm: Norm = "std",
     eps: float = 1e-6,
 ) -> np.ndarray:
-    """:func:`normalise_in_groups` from running moments of each value's group.
+    """:func:`algos.groups.normalise_in_groups` from running moments of each value's group.
 
     For incremental stores (the anchor index) that keep, per group, the count ``n``, a
     shift ``c`` (a member's value, e.g. the group minimum) and the shifted sums ``S1 = sum(x - c)`` and
@@ -269,20 +215,20 @@ def normalise_from_moments(
 
     Shifting by a member keeps the one-pass variance free of catastrophic cancellation, and
     a group of equal values has ``S1 = S2 = 0`` and ``x - c = 0``: exactly 0, as in the
-    two-pass function. Agrees with :func:`normalise_in_groups` to ~1e-15 relative.
+    two-pass function. Agrees with :func:`algos.groups.normalise_in_groups` to ~1e-15 relative.
 
     Args:
         values: (N,) float, the values to normalise (members of their groups).
         count, shift, sum_shifted, sumsq_shifted: (N,) float, the moments of each value's
             group (gathered per row).
-        norm, eps: as :func:`normalise_in_groups`.
+        norm, eps: as :func:`algos.groups.normalise_in_groups`.
     Returns:
         (N,) float64; 0 where ``count <= 1``.
     Raises:
         ValueError: unknown ``norm`` or ``eps <= 0``.
         InvalidStepError: lengths differ or a value is NaN/inf.
     """
-    _check_norm(norm, eps)
+    check_norm(norm, eps)
     x = _as_1d(values, "values", np.float64)
     n = _as_1d(count, "count", np.float64)
     c = _as_1d(shift, "shift", np.float64)
@@ -431,7 +377,7 @@ def episode_advantages(
         task_ids: (S,) the task of each step (any sortable key).
         traj_ids: (S,) the trajectory of each step; must be unique across tasks (e.g. ids
             from ``encode_keys(task_ids, run_ids)``). A trajectory must not span tasks.
-        norm, eps: see :func:`normalise_in_groups`.
+        norm, eps: see :func:`algos.groups.normalise_in_groups`.
         weighting: ``"trajectory"`` or ``"step"``.
     Returns:
         advantage: (S,) float64, A^E of each row's trajectory.
@@ -440,7 +386,7 @@ def episode_advantages(
         InvalidStepError: lengths differ, a non-finite reward, a trajectory in two tasks.
         ValueError: unknown ``norm`` or ``weighting``.
     """
-    _check_norm(norm, eps)
+    check_norm(norm, eps)
     if weighting not in ("trajectory", "step"):
         raise ValueError(f"episode_weighting must be 'trajectory' or 'step', got {_r(weighting)}")
     r = _as_1d(rewards, "rewards", np.float64)
@@ -508,12 +454,12 @@ def step_advantages(returns: Any, anchor_ids: Any, *, norm: Norm = "std", eps: f
 
     A singleton anchor group gets 0 (no other action from that state to compare with), as
     does every member of a group with identical returns (exactly 0, see
-    :func:`normalise_in_groups`).
+    :func:`algos.groups.normalise_in_groups`).
 
     Args:
         returns: (S,) float. Discounted returns from :func:`discounted_returns`.
         anchor_ids: (S,) int. From :func:`anchor_group_ids` or :func:`similarity_anchor_ids`.
-        norm, eps: see :func:`normalise_in_groups`.
+        norm, eps: see :func:`algos.groups.normalise_in_groups`.
     Returns:
         (S,) float64.
     Raises:

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from algos.gigpo import Norm, encode_keys, normalise_from_moments
+from algos.gigpo import encode_keys, normalise_from_moments
+from algos.groups import Norm
 
 
 class AnchorIndexError(RuntimeError):

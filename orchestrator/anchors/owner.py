@@ -26,7 +26,7 @@ import numpy as np
 import ray
 from pydantic import BaseModel, ConfigDict, Field
 
-from algos.gigpo import Norm
+from algos.groups import Norm
 from orchestrator.anchors.index import AnchorIndex, AnchorIndexError, AnchorStep, make_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.core.errors import describe_errors
 from orchestrator.core.stats import Stats
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -144,10 +145,7 @@ def load_yaml_model(path: Path | None, model: type, overrides: dict[str, Any] | 
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()
-        )
-        raise typer.BadParameter(f"{path or 'defaults'}: {problems}") from None
+        raise typer.BadParameter(f"{path or 'defaults'}: {describe_errors(err.errors())}") from None
 
 
 def load_serve_config(path: Path, overrides: dict[str, Any] | None = None):

@@ -11,14 +11,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.core.errors import describe_errors
+
 
 class InvalidPolicyError(ValueError):
     """A resampling policy value is out of range or inconsistent (names the field and value)."""
 
     @classmethod
     def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
-        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'policy'}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
-        return cls("invalid resampling policy: " + "; ".join(parts))
+        return cls("invalid resampling policy: " + describe_errors(err.errors(), root="policy"))
 
 
 class FilterConfig(BaseModel):

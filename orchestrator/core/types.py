@@ -10,7 +10,7 @@ must pickle cheaply across Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Purpose = Literal["initial", "replenish"]
 
@@ -142,3 +142,14 @@ class Task:
     def answer_format(self) -> str:
         """``meta["format"]``, or ``""`` when the task has none."""
         return str(self.meta.get("format", ""))
+
+
+class TaskSetLike(Protocol):
+    """What the orchestrator needs of a task set: stable ids and a lookup.
+
+    ``get`` raises :class:`UnknownTaskError` for an id outside the set.
+    """
+
+    task_ids: list[str]
+
+    def get(self, task_id: str) -> Task: ...

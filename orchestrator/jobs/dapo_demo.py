@@ -47,11 +47,11 @@ class DemoConfig(BaseModel):
 def _sources(cfg: DemoConfig):
     """Task set and rollout source for the configured backend."""
     if cfg.backend == "scripted":
-        from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
+        from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks, reward_pattern
 
         n = cfg.policy.group_size
         tasks = ScriptedTasks([f"s{i}" for i in range(cfg.task_set_size)])
-        patterns = [[1.0] * n, [-1.0] * n, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2)]
+        patterns = [reward_pattern(kind, n) for kind in ("all_correct", "all_wrong", "informative")]
         script = {t: [patterns[i % 3]] for i, t in enumerate(tasks.task_ids)}
         return tasks, ScriptedRolloutSource(script)
 

@@ -5,6 +5,7 @@ Rewards come from a script per task, so keep/drop decisions are known in advance
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from itertools import count
 
@@ -114,3 +115,39 @@ class BernoulliRolloutSource:
             )
             for task, row in zip(tasks, correct.tolist(), strict=True)
         ]
+
+
+PATTERNS = ("informative", "all_correct", "all_wrong")
+"""Kinds of scripted group (DAPO rewards +1 / -1)."""
+
+
+def reward_pattern(kind: str, n: int) -> list[float]:
+    """The ``n`` rewards of one scripted group: ``all_correct`` (all +1), ``all_wrong`` (all -1)
+    or ``informative`` (+1, -1, +1, ...; a single +1 when ``n == 1``).
+
+    Raises:
+        ValueError: unknown ``kind`` (names it).
+    """
+    if kind == "all_correct":
+        return [1.0] * n
+    if kind == "all_wrong":
+        return [-1.0] * n
+    if kind == "informative":
+        return [1.0 if i % 2 == 0 else -1.0 for i in range(n)]
+    raise ValueError(f"kind: unknown scripted group kind {kind!r}; expected one of {PATTERNS}")
+
+
+def scripted_mix(task_ids: list[str], n: int, mix: dict[str, float], seed: int = 0, cycle: int = 4) -> dict[str, list[list[float]]]:
+    """Reward scripts drawing each task's groups from ``mix`` (DAPO rewards +1 / -1).
+
+    Each task cycles through ``cycle`` draws of informative ([+1, -1, ...]), all_correct
+    (all +1) or all_wrong (all -1) groups of ``n`` rewards.
+    """
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError(f"mix: weights must sum to > 0, got {mix}")
+    kinds, weights = list(mix), [w / total for w in mix.values()]
+    rng = random.Random(seed)
+    return {t: [reward_pattern(rng.choices(kinds, weights)[0], n) for _ in range(cycle)] for t in task_ids}
+
+

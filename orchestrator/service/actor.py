@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from algos.gigpo import Norm
+from algos.groups import Norm
 from orchestrator.anchors.index import AnchorIndex, AnchorStep
 from orchestrator.anchors.owner import (
     AnchorIndexConfig,
@@ -41,8 +41,11 @@ from orchestrator.anchors.owner import (
 from orchestrator.core.machine import OrchestratorCore, RoundPlan
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
-from orchestrator.core.types import Batch, Experience, Group
+from orchestrator.core.types import Batch, Experience, Group, TaskSetLike
+from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.logs import enable_service_logging
+from orchestrator.service.metrics import DSOMetrics
+from orchestrator.service.sink import BatchSink
 
 DEFAULT_NAME = "dso-orchestrator"
 DEFAULT_NAMESPACE = "trinity-dso"
@@ -85,12 +88,12 @@ class Orchestrator:
     def __init__(
         self,
         policy: ResamplingPolicy | dict,
-        task_set: Any,
-        rollout_source: Any = None,
+        task_set: TaskSetLike,
+        rollout_source: RolloutSource | None = None,
         *,
-        sink: Any = None,
+        sink: BatchSink | None = None,
         checkpoint_path: str | None = None,
-        metrics: Any = None,
+        metrics: DSOMetrics | None = None,
         seed: int = 0,
         anchor_index: AnchorIndexConfig | dict | None = None,
     ):
@@ -303,12 +306,11 @@ class Orchestrator:
         With an anchor index, ``dso_anchor_index_entries`` is refreshed first (one
         :meth:`AnchorIndex.stats` call; a failure is logged and counted, never raised).
         """
-        exposition = getattr(self.metrics, "exposition", None)
-        if exposition is None:
+        if self.metrics is None:
             return ""
         if self.anchors is not None:
             self.anchors.refresh_metrics()
-        return exposition()
+        return self.metrics.exposition()
 
     # ------------------------------------------------------------- anchor index
     def _anchor_owner(self) -> AnchorIndexOwner:

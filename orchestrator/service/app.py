@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.core.errors import describe_errors, field_path
 from orchestrator.core.policy import InvalidPolicyError
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
@@ -110,10 +111,6 @@ def _error(status: int, kind: str, message: str, detail: list | None = None, hea
 
 _HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
                409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type", 503: "unavailable", 504: "timeout"}
-
-
-def _loc(loc: Any) -> str:
-    return ".".join(str(x) for x in loc)
 
 
 class Guard:
@@ -211,8 +208,9 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
         if any(e["type"] == "json_invalid" for e in errors):
             e = next(e for e in errors if e["type"] == "json_invalid")
-            return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {_loc(e['loc'][1:]) or 'start'})", errors)
-        message = "; ".join(f"{_loc(e['loc'][1:] if e['loc'][:1] == ['body'] else e['loc']) or 'body'}: {e['msg']}" for e in errors)
+            return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {field_path(e['loc'][1:]) or 'start'})", errors)
+        located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]} for e in errors]
+        message = describe_errors(located, root="body", with_input=False)
         return _error(422, "validation", message, errors)
 
     @app.exception_handler(StarletteHTTPException)

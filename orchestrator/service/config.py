@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import random
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,29 +89,10 @@ def _import(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def scripted_mix(task_ids: list[str], n: int, mix: dict[str, float], seed: int = 0, cycle: int = 4) -> dict[str, list[list[float]]]:
-    """Reward scripts drawing each task's groups from ``mix`` (DAPO rewards +1 / -1).
-
-    Each task cycles through ``cycle`` draws of informative ([+1, -1, ...]), all_correct
-    (all +1) or all_wrong (all -1) groups of ``n`` rewards.
-    """
-    total = sum(mix.values())
-    if total <= 0:
-        raise ValueError(f"mix: weights must sum to > 0, got {mix}")
-    kinds, weights = list(mix), [w / total for w in mix.values()]
-    rng = random.Random(seed)
-    vectors = {
-        "informative": [1.0 if i % 2 == 0 else -1.0 for i in range(n)] if n > 1 else [1.0],
-        "all_correct": [1.0] * n,
-        "all_wrong": [-1.0] * n,
-    }
-    return {t: [list(vectors[rng.choices(kinds, weights)[0]]) for _ in range(cycle)] for t in task_ids}
-
-
 def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of :class:`orchestrator.service.actor.Orchestrator` for a config."""
     from orchestrator.core.policy import ResamplingPolicy as Policy
-    from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
+    from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks, scripted_mix
     from orchestrator.service.metrics import DSOMetrics
 
     policy = Policy.parse(cfg.policy)

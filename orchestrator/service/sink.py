@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -46,6 +47,12 @@ CREATE TABLE IF NOT EXISTS experiences (
     PRIMARY KEY (batch_id, group_index, run, step)
 );
 """
+
+
+class BatchSink(Protocol):
+    """Where emitted batches go (the orchestrator calls ``write`` once per batch, in order)."""
+
+    def write(self, batch: Batch) -> None: ...
 
 
 class DuplicateBatchError(ValueError):

@@ -18,9 +18,9 @@ from algos.gigpo import (
     discounted_returns,
     episode_advantages,
     gigpo_advantages,
-    normalise_in_groups,
     similarity_anchor_ids,
 )
+from algos.groups import normalise_in_groups
 
 EPS = 1e-6
 

@@ -1,0 +1,70 @@
+"""Group-relative normalisation, shared by DAPO and GiGPO: one function, one ``Norm``.
+
+GRPO's baseline (DeepSeekMath, arXiv 2402.03300, Sec. 4.1.2), kept by DAPO (arXiv 2503.14476,
+Eq. 9) and used by GiGPO for both its episode and step advantages (arXiv 2505.10978, Eq. 3
+and 7): ``(x_i - mean_g) / F_norm_g`` within each group g.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+Norm = Literal["std", "none"]
+"""``"std"``: divide by the unbiased group std plus eps; ``"none"``: divide by 1 (Dr. GRPO)."""
+
+
+def check_norm(norm: Any, eps: Any) -> None:
+    """Raise ``ValueError`` naming the value when ``norm`` is not a :data:`Norm` or ``eps < 0``."""
+    if norm not in ("std", "none"):
+        raise ValueError(f"norm must be 'std' or 'none', got {norm!r}")
+    if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0):
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+
+
+def normalise_in_groups(values: np.ndarray, group_ids: np.ndarray, *, norm: Norm = "std", eps: float = 1e-6) -> np.ndarray:
+    """Group-relative normalisation ``(x - mean_g) / F_norm_g``.
+
+    ``F_norm`` is the unbiased (ddof=1) group std plus ``eps`` for ``norm="std"`` (as
+    ``torch.std`` in verl's ``compute_grpo_outcome_advantage`` and in verl-agent's GiGPO), or 1
+    for ``norm="none"``. Values are shifted by their group minimum and the mean is removed
+    before squaring, all in float64 and in a canonical (group, value) order, so equal values
+    give exactly 0 and the result does not depend on row order. Members of singleton groups
+    get 0. A group whose ``std + eps`` is 0 (equal values with ``eps=0``) is divided by 1.
+
+    Args:
+        values: (N,) float, finite (callers check and raise their own error type).
+        group_ids: (N,) int, any integer labels (compacted internally).
+        norm: ``"std"`` or ``"none"``.
+        eps: >= 0, added to the std.
+    Returns:
+        (N,) float64 in the input order.
+    Raises:
+        ValueError: unknown ``norm``, ``eps < 0``, or lengths differ.
+    """
+    check_norm(norm, eps)
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    g = np.asarray(group_ids).reshape(-1)
+    if v.shape != g.shape:
+        raise ValueError(f"values has {v.size} entries but group_ids {g.size}")
+    if v.size == 0:
+        return v.copy()
+    _, g = np.unique(g, return_inverse=True)
+    g = g.reshape(-1)
+    order = np.lexsort((v, g))
+    vs, gs = v[order], g[order]
+    num = int(gs[-1]) + 1
+    starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+    count = np.bincount(gs, minlength=num).astype(np.float64)
+    d = vs - vs[starts][gs]  # shift by the group minimum: equal values -> exactly 0
+    mean = np.bincount(gs, weights=d, minlength=num) / count
+    centred = d - mean[gs]
+    if norm == "std":
+        sq = np.bincount(gs, weights=centred * centred, minlength=num)
+        denom = np.sqrt(sq / np.maximum(count - 1.0, 1.0)) + eps
+        centred = centred / np.where(denom > 0, denom, 1.0)[gs]
+    centred[count[gs] <= 1] = 0.0
+    out = np.empty_like(centred)
+    out[order] = centred
+    return out

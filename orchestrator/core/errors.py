@@ -1,0 +1,37 @@
+"""One way to say what is wrong with a value: field path, message and the (truncated) value given."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+MAX_VALUE_CHARS = 80
+"""Longest ``repr`` of an offending value quoted in a message (longer ones are cut with '...')."""
+
+
+def short_repr(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a 1 MB id is never echoed back whole."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """``("filter", "band", 0)`` -> ``"filter.band.0"``."""
+    return ".".join(str(x) for x in loc)
+
+
+def describe_errors(errors: Iterable[dict], *, root: str = "", with_input: bool = True) -> str:
+    """Pydantic's ``err.errors()`` as ``"path: message (got value); ..."``.
+
+    Args:
+        errors: pydantic error dicts (``loc``, ``msg``, optional ``input``).
+        root: the path shown for an error at the top level (empty ``loc``).
+        with_input: quote the offending value (truncated by :func:`short_repr`).
+    """
+    parts = []
+    for e in errors:
+        part = f"{field_path(e.get('loc', ())) or root}: {e.get('msg', '')}"
+        if with_input and "input" in e:
+            part += f" (got {short_repr(e['input'])})"
+        parts.append(part)
+    return "; ".join(parts)
