@@ -17,6 +17,11 @@ for version-based expiry::
     index = orchestrator_anchor_index(actor)            # RedisAnchorIndex or RemoteAnchorIndex
     ray.get(actor.anchor_register.remote(batch_key))
     index.insert(batch_key, steps); index.step_advantages(batch_key, tasks, hashes, returns)
+
+With the memory backend, a lifecycle call that touches the index (stats, drop, expiry) is one
+blocking round trip from the orchestrator's event loop to the index actor (milliseconds; Ray
+warns once about the blocking ``ray.get``). The index actor never calls back, so this cannot
+deadlock; it is owned by the orchestrator actor and dies with it.
 """
 
 from __future__ import annotations
