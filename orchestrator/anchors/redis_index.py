@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,29 @@ def _url_password(url: str) -> str | None:
         return None
 
 
+def _timed(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Report the wrapped operation's latency (seconds) and failure to the index's ``observe``
+    callback as ``op`` (one of ``insert``, ``query``, ``complete``, ``stats``, ``delete``, ``ping``)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(self: RedisAnchorIndex, *args: Any, **kwargs: Any) -> Any:
+            if self.observe is None:
+                return fn(self, *args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                out = fn(self, *args, **kwargs)
+            except Exception:
+                self.observe(op, time.perf_counter() - t0, True)
+                raise
+            self.observe(op, time.perf_counter() - t0, False)
+            return out
+
+        return timed
+
+    return wrap
+
+
 def _field(task: str, *rest: Any) -> str:
     # task prefixed by its UTF-8 byte length (as Lua's #task) so ids containing '|' cannot collide
     return f"{len(task.encode())}:{task}|" + "|".join(str(x) for x in rest)
@@ -53,6 +77,9 @@ class RedisAnchorIndex(AnchorIndex):
             1000 steps).
         read_retries: extra attempts for reads after a connection error (with backoff).
         socket_timeout: seconds, for connect and commands.
+        observe: optional ``observe(op, seconds, error)`` called after each operation (e.g.
+            :meth:`orchestrator.service.metrics.DSOMetrics.observe_redis_op`); not pickled
+            (metrics belong to one process).
     """
 
     def __init__(
@@ -64,6 +91,7 @@ class RedisAnchorIndex(AnchorIndex):
         chunk_size: int = 1000,
         read_retries: int = 3,
         socket_timeout: float = 5.0,
+        observe: Callable[[str, float, bool], None] | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
@@ -77,6 +105,7 @@ class RedisAnchorIndex(AnchorIndex):
         self.chunk_size = chunk_size
         self.read_retries = read_retries
         self.socket_timeout = socket_timeout
+        self.observe = observe
         self._client: Any = None
         self._script: Any = None
         self._epochs: dict[str, str] = {}
@@ -86,6 +115,7 @@ class RedisAnchorIndex(AnchorIndex):
         state = self.__dict__.copy()
         state["_client"] = None
         state["_script"] = None
+        state["observe"] = None
         return state
 
     def _where(self) -> str:
@@ -106,6 +136,7 @@ class RedisAnchorIndex(AnchorIndex):
             self._script = self._client.register_script(_INSERT_LUA)
         return self._client
 
+    @_timed("ping")
     def ping(self) -> float:
         """One PING on a fresh connection (no retries); returns the round trip in seconds.
 
@@ -172,10 +203,11 @@ class RedisAnchorIndex(AnchorIndex):
         self._epochs[batch_key] = epoch
 
     # -- API
-    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
+    @_timed("insert")
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
         import redis
 
-        _validate(steps)
+        steps = _validate(steps)
         if not steps:
             return 0
         keys = self._keys(batch_key)
@@ -226,6 +258,7 @@ class RedisAnchorIndex(AnchorIndex):
         raw = self._read(f"epoch of batch {batch_key!r}", lambda c: c.hget(keys[0], "epoch"))
         return raw.decode() if raw is not None else None
 
+    @_timed("query")
     def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         keys = self._keys(batch_key)
         fields = [_field(t, h) for t, h in group_keys]
@@ -246,16 +279,19 @@ class RedisAnchorIndex(AnchorIndex):
         done = {t: int(v) if v is not None else 0 for t, v in zip(tasks, raw_done, strict=True)}
         return m, done
 
+    @_timed("complete")
     def completed_runs(self, batch_key: str) -> dict[str, int]:
         key = self._keys(batch_key)[4]
         raw = self._read(f"completed runs of batch {batch_key!r}", lambda c: c.hgetall(key))
         return {k.decode(): int(v) for k, v in raw.items()}
 
+    @_timed("stats")
     def group_sizes(self, batch_key: str) -> np.ndarray:
         key = self._keys(batch_key)[2]
         vals = self._read(f"group sizes of batch {batch_key!r}", lambda c: c.hvals(key))
         return np.sort(np.asarray([int(v.split()[0]) for v in vals], dtype=np.int64))
 
+    @_timed("stats")
     def stats(self) -> dict[str, Any]:
         def read(c: Any) -> dict[str, Any]:
             batches = sorted(b.decode() for b in c.smembers(self._registry()))
@@ -287,6 +323,7 @@ class RedisAnchorIndex(AnchorIndex):
 
         return self._read("stats", read)
 
+    @_timed("delete")
     def drop(self, batch_key: str) -> int:
         import redis
 

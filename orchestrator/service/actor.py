@@ -9,11 +9,13 @@ Find it by name from any driver or Trinity component::
 
     actor = ray.get_actor("dso-orchestrator", namespace="trinity-dso")
 
-Anchor index (GiGPO, issue 3): created with ``anchor_index={"redis_url": ..., "prefix": ...,
-"ttl_s": ..., "max_age_versions": ...}``, the actor holds an
-:class:`~orchestrator.anchors.owner.AnchorIndexOwner` (its lifecycle, expiry, stats and
-checkpoint part) and forwards its ``anchor_*`` methods to it; workers open the index with
-:func:`orchestrator.anchors.owner.orchestrator_anchor_index`.
+Anchor index (GiGPO): created with ``anchor_index={"redis_url": ..., "prefix": ...,
+"ttl_s": ..., "max_age_versions": ...}``, the actor runs the index's lifecycle, inherited from
+:class:`~orchestrator.anchors.owner.AnchorLifecycle` (``anchor_spec``, ``anchor_register``,
+``anchor_stats``, ``anchor_drop``, ``anchor_expire``; version-based expiry; its checkpoint
+part). Workers write and query the index itself, opened with
+:func:`orchestrator.anchors.owner.orchestrator_anchor_index` (Redis, or the memory index's
+own Ray actor ``<name>-anchors``).
 """
 
 from __future__ import annotations
@@ -24,20 +26,12 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
-from algos.groups import Norm
-from orchestrator.anchors.index import AnchorIndex, AnchorStep
-from orchestrator.anchors.owner import (
-    AnchorIndexConfig,
-    AnchorIndexNotConfiguredError,
-    AnchorIndexOwner,
-)
+from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.core.machine import OrchestratorCore, RoundPlan
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
@@ -61,7 +55,7 @@ class PolicyConflictError(ValueError):
     """A policy write based on a stale revision (the REST layer maps it to 409)."""
 
 
-class Orchestrator:
+class Orchestrator(AnchorLifecycle):
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
@@ -78,9 +72,11 @@ class Orchestrator:
             feeds them.
         seed: seeds the task order.
         anchor_index: an :class:`~orchestrator.anchors.owner.AnchorIndexConfig` (or its dict)
-            to create and own an anchor index (through an :class:`AnchorIndexOwner`); None
-            (default) for none (the ``anchor_*`` methods then raise
-            :class:`AnchorIndexNotConfiguredError`).
+            to create an anchor index and run its lifecycle (see
+            :class:`~orchestrator.anchors.owner.AnchorLifecycle`; the memory index is served
+            by its own Ray actor when this one runs on Ray); None (default) for none (the
+            ``anchor_*`` methods then raise
+            :class:`~orchestrator.anchors.owner.AnchorIndexNotConfiguredError`).
     Raises:
         pydantic.ValidationError: invalid ``anchor_index`` settings.
     """
@@ -107,27 +103,17 @@ class Orchestrator:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
-        self.anchors: AnchorIndexOwner | None = None
-        if anchor_index is not None:
-            self.anchors = AnchorIndexOwner(
-                anchor_index, version=lambda: self.core.model_version, metrics=metrics, on_change=self._checkpoint
-            )
+        super().__init__(anchor_index, version=lambda: self.core.model_version, metrics=metrics, on_change=self._checkpoint)
         if self.checkpoint_path and self.checkpoint_path.exists():
             saved = json.loads(self.checkpoint_path.read_text())
             self.core.load_state_dict(saved)
-            if self.anchors is not None:
-                self.anchors.load_state_dict(saved)
+            self._anchor_load_state_dict(saved)
             log.warning(
                 "resumed from checkpoint %s at batch %d, policy revision %d (the checkpoint's policy replaces the "
                 "configured one; delete the file to start afresh)",
                 self.checkpoint_path, self.core.batch_id, self.core.policy_revision,
             )
         self._observe()
-
-    @property
-    def anchor(self) -> AnchorIndex | None:
-        """The anchor index (None without ``anchor_index``)."""
-        return self.anchors.index if self.anchors is not None else None
 
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
@@ -143,8 +129,7 @@ class Orchestrator:
         tmp = self.checkpoint_path.with_suffix(".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
         state = self.core.state_dict()
-        if self.anchors is not None:
-            state.update(self.anchors.state_dict())
+        state.update(self._anchor_state_dict())
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.checkpoint_path)
 
@@ -308,131 +293,8 @@ class Orchestrator:
         """
         if self.metrics is None:
             return ""
-        if self.anchors is not None:
-            self.anchors.refresh_metrics()
+        self._anchor_refresh_metrics()
         return self.metrics.exposition()
-
-    # ------------------------------------------------------------- anchor index
-    def _anchor_owner(self) -> AnchorIndexOwner:
-        if self.anchors is None:
-            raise AnchorIndexNotConfiguredError(
-                "anchor_index: this orchestrator was created without an anchor index "
-                "(pass anchor_index={'redis_url': ..., 'prefix': ..., 'ttl_s': ...}, or {} for memory)"
-            )
-        return self.anchors
-
-    def _anchor_auto_expire(self) -> None:
-        if self.anchors is not None:
-            self.anchors.auto_expire()
-
-    def anchor_spec(self) -> dict:
-        """What a worker needs to open this orchestrator's anchor index itself.
-
-        Returns:
-            ``{"backend": "redis", "redis_url", "prefix", "ttl_s"}`` (open it with
-            :func:`~orchestrator.anchors.owner.anchor_index_from_spec`; the URL includes any
-            password), or ``{"backend": "memory", "ttl_s"}``: the index lives in the actor and
-            is reached through its ``anchor_*`` methods
-            (:class:`~orchestrator.anchors.owner.ActorAnchorIndex`).
-        Raises:
-            AnchorIndexNotConfiguredError: no anchor index (so do all ``anchor_*`` methods).
-        """
-        return self._anchor_owner().spec()
-
-    def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
-        """Record that ``batch_key`` is in use, for version-based expiry (idempotent).
-
-        Workers writing to Redis directly call this once per batch key; ``anchor_insert``
-        does it itself. The first registration wins.
-
-        Args:
-            batch_key: the index batch key.
-            model_version: the model weights version the batch's rollouts came from;
-                default the orchestrator's current ``model_version``.
-        Returns:
-            The version recorded for ``batch_key``.
-        """
-        return self._anchor_owner().register(batch_key, model_version)
-
-    def anchor_insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
-        """Insert steps into the index (see :meth:`AnchorIndex.insert`); registers ``batch_key``.
-
-        Args:
-            steps: :class:`~orchestrator.anchors.index.AnchorStep` objects or their field dicts.
-        Returns:
-            The number of new steps (re-inserted identical steps are no-ops).
-        Raises:
-            ValueError, AnchorConflictError, AnchorIndexError: as :meth:`AnchorIndex.insert`.
-        """
-        return self._anchor_owner().insert(batch_key, steps)
-
-    def anchor_step_advantages(
-        self,
-        batch_key: str,
-        tasks: Sequence[str],
-        state_hashes: Sequence[str],
-        returns: Any,
-        *,
-        norm: Norm = "std",
-        eps: float = 1e-6,
-        n_runs: int | None = None,
-    ) -> np.ndarray:
-        """A^S of the queried steps from the index (:meth:`AnchorIndex.step_advantages`).
-
-        Needed for the memory index (it lives here); works for Redis too.
-
-        Returns:
-            (Q,) float64.
-        Raises:
-            AnchorIndexError: unknown/incomplete group or task, lost batch, backend failure.
-        """
-        return self._anchor_owner().step_advantages(batch_key, tasks, state_hashes, returns, norm=norm, eps=eps, n_runs=n_runs)
-
-    def anchor_completed_runs(self, batch_key: str) -> dict[str, int]:
-        """Complete runs per task of ``batch_key`` (``{}`` for an unknown batch)."""
-        return self._anchor_owner().completed_runs(batch_key)
-
-    def anchor_completed(self, batch_key: str, task: str, n: int) -> bool:
-        """True when ``task`` has exactly ``n`` complete runs (all steps up to ``last``) in ``batch_key``."""
-        return self._anchor_owner().completed(batch_key, task, n)
-
-    def anchor_group_sizes(self, batch_key: str) -> np.ndarray:
-        """Steps per anchor group of ``batch_key`` (:meth:`AnchorIndex.group_sizes`): (G,) int64, ascending."""
-        return self._anchor_owner().group_sizes(batch_key)
-
-    def anchor_stats(self) -> dict:
-        """The index's :meth:`AnchorIndex.stats` plus the actor's view; refreshes the metrics.
-
-        Returns:
-            ``{"backend", "batches", "entries" (steps), "groups" (anchor states),
-            "group_size_histogram", "tracked_batches" ({batch key: model version}),
-            "model_version", "max_age_versions", "ttl_s"}``. ``dso_anchor_index_entries``
-            is set to ``groups`` (the metric counts anchor states).
-        """
-        return self._anchor_owner().stats()
-
-    def anchor_drop(self, batch_key: str) -> int:
-        """Forget one batch (its sizes go to ``dso_anchor_group_size`` first).
-
-        Returns:
-            The number of steps it held (0 when unknown).
-        """
-        return self._anchor_owner().drop(batch_key)
-
-    def anchor_expire(self, max_age_versions: int | None = None) -> list[str]:
-        """Drop every tracked batch opened more than ``max_age_versions`` model versions ago.
-
-        Runs by itself whenever the model version advances (``set_model_version``, submitted
-        groups, rounds) when ``AnchorIndexConfig.max_age_versions`` is set. Batches the actor
-        does not track (written to Redis without :meth:`anchor_register`, or lost with a
-        restart of the memory index) are left to the TTL.
-
-        Args:
-            max_age_versions: default the configured one; None with none configured drops nothing.
-        Returns:
-            The dropped batch keys, sorted.
-        """
-        return self._anchor_owner().expire(max_age_versions)
 
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=0)(Orchestrator)

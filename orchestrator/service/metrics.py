@@ -17,9 +17,11 @@ metrics agent)?
   through ``state_dict``), so a scrape is exact and cheap (one actor call).
 
 The cost: metrics of code running outside the actor's process (e.g. a GiGPO advantage
-worker querying Redis in its own process) land in that process's registry, which nobody
-scrapes unless that process serves it (``prometheus_client.start_http_server``). The
-actor owns the anchor index (issue 3), so the index's own operations are covered.
+worker writing to Redis in its own process) land in that process's registry, which nobody
+scrapes unless that process serves it (``prometheus_client.start_http_server``). The actor
+runs the anchor index's lifecycle (stats, drops, expiry), so those operations are covered;
+the Redis operations it performs are timed by its index (``RedisAnchorIndex(observe=...)``),
+a drop by expiry counting as ``delete``.
 
 Metric names (``_total`` counters, base units: seconds, ratios 0..1; no task ids):
 
@@ -63,10 +65,11 @@ Counters advance by deltas between successive ``stats()`` snapshots. If a snapsh
 goes backwards (a checkpoint from an older run), the counter is left alone and the new
 value becomes the baseline.
 
-Anchor index hooks (for ``orchestrator/anchors/index.py``): :func:`observe_redis_op`,
-:func:`set_anchor_entries`, :func:`observe_anchor_group_sizes`, :func:`set_anchor_stats`,
-and the :func:`redis_op` context manager. They record into the process's current
-:class:`DSOMetrics` (the one the actor was given, or a default one created on first use).
+Process-level anchor hooks, for code that holds no :class:`DSOMetrics` (e.g. a worker
+process): :func:`observe_redis_op`, :func:`set_anchor_entries`,
+:func:`observe_anchor_group_sizes`, :func:`set_anchor_stats`, and the :func:`redis_op`
+context manager. They record into the process's current :class:`DSOMetrics` (the one the
+actor was given, or a default one created on first use).
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != Group
 """Label values of ``reason`` on ``dso_groups_dropped_total``."""
 PURPOSES: tuple[str, ...] = ("initial", "replenish")
 REWARD_GROUPS: tuple[str, ...] = ("all", "kept")
-REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "expire", "stats", "delete", "ping", "other")
+REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "stats", "delete", "ping", "other")
 """Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
 
 ROUNDS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)

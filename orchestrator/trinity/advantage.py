@@ -18,6 +18,7 @@ from algos.gigpo import GiGPOAdvantages, GiGPOConfig, encode_keys, gigpo_advanta
 from orchestrator.anchors.index import AnchorIndex, AnchorIndexError, AnchorStep
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
+from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
 
@@ -209,8 +210,8 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
 
     Where the index is: ``redis_url`` (a :class:`RedisAnchorIndex` opened here), else the
     orchestrator actor ``actor_name`` in ``namespace`` (default: the caller's Ray namespace,
-    i.e. the run's), whose ``anchor_spec()`` names its Redis (queried directly) or its memory
-    index (queried through the actor). When the actor exists, batch keys are registered with
+    i.e. the run's), whose ``anchor_spec()`` names its Redis or the Ray actor serving its memory
+    index (both queried directly, never through the orchestrator). When the actor exists, batch keys are registered with
     it (``anchor_register``, at the experiences' ``model_version``) so its version-based
     expiry drops them; otherwise the index TTL does.
 
@@ -265,7 +266,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         self.ttl_s = float(ttl_s)
         self.wait_timeout_s = float(wait_timeout_s)
         self.lookup_timeout_s = float(lookup_timeout_s)
-        self._index: AnchorIndex | None = None
+        self._index: AnchorIndex | RemoteAnchorIndex | None = None
         self._actor: Any = None
         self.auxiliary_models = {}
 
@@ -288,7 +289,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         return False
 
     # -- the index
-    def index(self) -> AnchorIndex:
+    def index(self) -> AnchorIndex | RemoteAnchorIndex:
         """The anchor index (opened once): ``redis_url`` if set, else the actor's."""
         if self._index is None:
             if self.redis_url:
