@@ -242,18 +242,3 @@ class AnchorIndex(ABC):
 
 def _histogram(sizes: Iterable[int]) -> dict[int, int]:
     return dict(sorted(Counter(int(s) for s in sizes).items()))
-
-
-def make_anchor_index(redis_url: str | None = None, **kwargs: Any) -> AnchorIndex:
-    """A :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex` when ``redis_url`` is given,
-    else a :class:`~orchestrator.anchors.memory.MemoryAnchorIndex`.
-
-    ``kwargs`` go to the constructor (``prefix`` and the Redis options are ignored by the
-    memory index).
-    """
-    from orchestrator.anchors.memory import MemoryAnchorIndex
-    from orchestrator.anchors.redis_index import RedisAnchorIndex
-
-    if redis_url:
-        return RedisAnchorIndex(redis_url, **kwargs)
-    return MemoryAnchorIndex(**{k: v for k, v in kwargs.items() if k == "ttl_s"})

@@ -43,10 +43,23 @@ __all__ = [
     "AnchorIndexNotConfiguredError",
     "AnchorLifecycle",
     "anchor_index_from_spec",
+    "make_anchor_index",
     "orchestrator_anchor_index",
 ]
 
 log = logging.getLogger("trinity_dso.anchor_owner")
+
+
+def make_anchor_index(redis_url: str | None = None, **kwargs: Any) -> AnchorIndex:
+    """A :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex` when ``redis_url`` is given,
+    else a :class:`~orchestrator.anchors.memory.MemoryAnchorIndex`.
+
+    ``kwargs`` go to the constructor (``prefix`` and the Redis options are ignored by the
+    memory index).
+    """
+    if redis_url:
+        return RedisAnchorIndex(redis_url, **kwargs)
+    return MemoryAnchorIndex(**{k: v for k, v in kwargs.items() if k == "ttl_s"})
 
 
 class AnchorIndexNotConfiguredError(RuntimeError):

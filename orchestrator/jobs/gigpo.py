@@ -40,7 +40,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.anchors.index import AnchorIndex, AnchorStep, make_anchor_index
+from orchestrator.anchors.index import AnchorIndex, AnchorStep
+from orchestrator.anchors.owner import make_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex, _redact
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs import frozenlake, sokoban
