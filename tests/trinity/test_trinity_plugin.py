@@ -155,9 +155,9 @@ def test_dual_clip_bounds_negative_advantages():
     assert m["pg_clipfrac_lower"] == pytest.approx(0.5)
 
 
-def test_loss_refuses_other_aggregation():
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        _loss(loss_agg_mode="seq-mean-token-mean")
+def test_loss_refuses_unknown_aggregation_listing_the_valid_ones():
+    with pytest.raises(ValueError, match="loss_agg_mode.*seq-mean-token-sum-norm"):
+        _loss(loss_agg_mode="seq-mean")
 
 
 # ------------------------------------------------------------------------- GiGPO advantage
