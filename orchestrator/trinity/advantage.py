@@ -14,7 +14,7 @@ from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
-from algos.gigpo import GiGPOAdvantages, GiGPOConfig, encode_keys, gigpo_advantages
+from algos.gigpo import GiGPOAdvantages, GiGPOConfig, InvalidStepError, encode_keys, gigpo_advantages
 from orchestrator.anchors.index import AnchorIndex, AnchorIndexError, AnchorStep
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
@@ -28,6 +28,33 @@ log = logging.getLogger("trinity_dso.trinity")
 # ---------------------------------------------------------------------------------- GiGPO
 _PAPER = GiGPOConfig()
 
+_GIGPO_ARGS: dict[str, Any] = {
+    "omega": _PAPER.omega,
+    "gamma": _PAPER.gamma,
+    "fnorm": _PAPER.norm,
+    "epsilon": _PAPER.eps,
+    "std": _PAPER.std,
+    "episode_weighting": _PAPER.episode_weighting,
+    "singleton_episode": _PAPER.singleton_episode,
+    "invalid_action_penalty": _PAPER.invalid_action_penalty,
+    "penalty_timing": _PAPER.penalty_timing,
+    "similarity_threshold": _PAPER.similarity_threshold,
+    "similarity": _PAPER.similarity,
+    "similarity_grouping": _PAPER.similarity_grouping,
+    "step_reward_key": "step_reward",
+    "env_state_hash_key": "env_state_hash",
+    "action_valid_key": "is_action_valid",
+    "state_text_key": "env_state_text",
+}
+"""``advantage_fn_args`` of ``dso_gigpo`` and their defaults (the paper's)."""
+
+
+def refuse_unknown(kind: str, given: dict, valid: list[str]) -> None:
+    """Raise ValueError naming unknown ``advantage_fn_args`` keys and listing the valid ones."""
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ValueError(f"{kind}: unknown argument(s) {unknown}; valid arguments: {sorted(valid)}")
+
 
 class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     """``dso_gigpo``: GiGPO advantages over one batch of Trinity experiences (arXiv 2505.10978).
@@ -40,8 +67,12 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     * a trajectory is ``eid.rid``; its steps are ordered by ``eid.step`` (consecutive from 0);
     * the step reward is ``info[step_reward_key]``; a trajectory with none takes its last
       step's ``reward`` as a terminal reward (Trinity's convention), other steps 0;
-    * the anchor state is ``info[env_state_hash_key]``; a step without one is its own anchor
-      group (so A_S = 0 for it, as in Trinity).
+    * the anchor state is ``info[env_state_hash_key]`` (str or bytes; anything else is refused,
+      never ``str()``-ed: hash structured observations with
+      :func:`orchestrator.anchors.keys.state_hash`); a step without one is its own anchor
+      group (so A_S = 0 for it, as in Trinity);
+    * an action is invalid when ``info[action_valid_key]`` is False (verl-agent's
+      ``is_action_valid``); the state text for similarity grouping is ``info[state_text_key]``.
 
     The scalar ``A = A_E + omega * A_S`` is broadcast over ``action_mask`` into
     ``advantages`` and ``returns`` ((T,) float32).
@@ -59,42 +90,47 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     On a batch of one task with n > 1 trajectories and the same arguments the two agree up to
     float32 rounding.
 
-    Args:
+    Args (every :class:`algos.gigpo.GiGPOConfig` field is reachable from the YAML's
+    ``advantage_fn_args``; the options that restore verl-agent's behaviour are documented there):
         omega: weight of the step advantage, >= 0 (paper: 1).
         gamma: discount in [0, 1] (paper: 0.95).
         fnorm: ``"std"`` (paper, Eq. 3 and 7) or ``"none"`` (F_norm = 1).
         epsilon: added to the std, > 0.
-        step_reward_key, env_state_hash_key: ``Experience.info`` keys (Trinity's names).
+        std: ``"sample"`` (ddof 1, verl-agent) or ``"population"`` (ddof 0).
+        episode_weighting: ``"trajectory"`` (paper) or ``"step"`` (verl-agent's default).
+        singleton_episode: ``"zero"`` or ``"raw"`` (verl-agent).
+        invalid_action_penalty: >= 0, subtracted for each invalid action.
+        penalty_timing: ``"before_returns"`` or ``"after_returns"`` (verl-agent).
+        similarity_threshold: None (exact hashes) or in (0, 1]: group similar state texts.
+        similarity: ``"ratio"`` or ``"jaccard"``.
+        similarity_grouping: ``"components"`` or ``"greedy"`` (verl-agent).
+        step_reward_key, env_state_hash_key, action_valid_key, state_text_key:
+            ``Experience.info`` keys.
     Raises:
+        ValueError: an unknown argument (the message lists the valid ones).
         pydantic.ValidationError: out-of-range arguments (via :class:`algos.gigpo.GiGPOConfig`).
         algos.gigpo.InvalidStepError: at call time, a non-finite reward, a duplicate or
             missing step of a trajectory (the message names the row, group and run).
     """
 
-    def __init__(
-        self,
-        omega: float = _PAPER.omega,
-        gamma: float = _PAPER.gamma,
-        fnorm: str = _PAPER.norm,
-        epsilon: float = _PAPER.eps,
-        step_reward_key: str = "step_reward",
-        env_state_hash_key: str = "env_state_hash",
-        **kwargs,
-    ) -> None:
-        self.config = GiGPOConfig(omega=omega, gamma=gamma, norm=fnorm, eps=epsilon)
-        self.step_reward_key = step_reward_key
-        self.env_state_hash_key = env_state_hash_key
+    def __init__(self, **kwargs: Any) -> None:
+        refuse_unknown("dso_gigpo", kwargs, list(_GIGPO_ARGS))
+        a = {**_GIGPO_ARGS, **kwargs}
+        self.config = GiGPOConfig(
+            omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
+            episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
+            invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
+            similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
+            similarity_grouping=a["similarity_grouping"],
+        )
+        self.step_reward_key = str(a["step_reward_key"])
+        self.env_state_hash_key = str(a["env_state_hash_key"])
+        self.action_valid_key = str(a["action_valid_key"])
+        self.state_text_key = str(a["state_text_key"])
 
     @classmethod
     def default_args(cls) -> dict:
-        return {
-            "omega": _PAPER.omega,
-            "gamma": _PAPER.gamma,
-            "fnorm": _PAPER.norm,
-            "epsilon": _PAPER.eps,
-            "step_reward_key": "step_reward",
-            "env_state_hash_key": "env_state_hash",
-        }
+        return dict(_GIGPO_ARGS)
 
     @classmethod
     def compute_in_trainer(cls) -> bool:
@@ -108,7 +144,11 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
 
         Returns:
             ``group`` (N,) str (``eid.tid``), ``run`` (N,) str (``eid.rid``), ``step`` (N,)
-            int64, ``reward`` (N,) float64 step rewards, ``state`` (N,) object anchor keys.
+            int64, ``reward`` (N,) float64 step rewards, ``state`` (N,) object anchor keys,
+            ``invalid`` (N,) bool (``info[action_valid_key] is False``), ``text`` (N,) object
+            state texts (None where absent).
+        Raises:
+            algos.gigpo.InvalidStepError: a state hash that is not str or bytes.
         """
         n = len(exps)
         group = np.array([str(e.eid.tid) for e in exps], dtype=object)
@@ -124,20 +164,44 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         np.maximum.at(last, run_ids, step)
         terminal = np.flatnonzero(~has_explicit[run_ids] & (step == last[run_ids]))
         reward[terminal] = [float(exps[i].reward) if exps[i].reward is not None else 0.0 for i in terminal]
-        state = np.array(
-            [
-                str(i[self.env_state_hash_key]) if i.get(self.env_state_hash_key) is not None else f"\x00solo/{k}"
-                for k, i in enumerate(infos)
-            ],
-            dtype=object,
-        )
+        state = np.array([self.state_key(e, k) for k, e in enumerate(exps)], dtype=object)
+        invalid = np.array([i.get(self.action_valid_key, True) is False for i in infos], dtype=bool)
+        text = np.array([i.get(self.state_text_key) for i in infos], dtype=object)
         assert len(state) == n
-        return {"group": group, "run": run, "step": step, "reward": reward, "state": state}
+        return {"group": group, "run": run, "step": step, "reward": reward, "state": state, "invalid": invalid, "text": text}
+
+    def state_key(self, e: TrinityExperience, row: int, solo: str | None = None) -> str:
+        """The anchor key of one experience: its str/bytes hash (bytes as hex), or a key of its own."""
+        h = (e.info or {}).get(self.env_state_hash_key)
+        if h is None:
+            return solo if solo is not None else f"\x00solo/{row}"
+        if isinstance(h, (bytes, bytearray)):
+            return h.hex()
+        if not isinstance(h, str):
+            raise InvalidStepError(
+                f"info[{self.env_state_hash_key!r}]: expected str or bytes at row {row} (group {e.eid.tid!r}, "
+                f"run {e.eid.rid!r}, step {int(e.eid.step)}), got {type(h).__name__}; hash structured observations "
+                "with orchestrator.anchors.keys.state_hash (never str())"
+            )
+        return h
 
     def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
         """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
         r = self.rows(exps)
-        return gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=self.config)
+        texts = None
+        if self.config.similarity_threshold is not None:
+            missing = [k for k, t in enumerate(r["text"]) if not isinstance(t, str)]
+            if missing:
+                k = missing[0]
+                raise InvalidStepError(
+                    f"info[{self.state_text_key!r}]: similarity_threshold is set but row {k} (group {r['group'][k]!r}) "
+                    "has no state text"
+                )
+            texts = list(r["text"])
+        return gigpo_advantages(
+            r["group"], r["run"], r["step"], r["reward"], r["state"], config=self.config,
+            invalid=r["invalid"], state_texts=texts,
+        )
 
     def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """Set ``advantages`` and ``returns`` ((T,) float32, A times ``action_mask``) on each experience.
@@ -216,7 +280,9 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
     expiry drops them; otherwise the index TTL does.
 
     Args:
-        omega, gamma, fnorm, epsilon, step_reward_key, env_state_hash_key: as ``dso_gigpo``.
+        every ``dso_gigpo`` argument (keyword), except that the shared index needs
+            ``singleton_episode="zero"``, ``std="sample"``, ``episode_weighting="trajectory"``
+            and no ``similarity_threshold`` (other values are refused, naming them).
         actor_name, namespace: the orchestrator actor (default ``dso-orchestrator``).
         redis_url, prefix, ttl_s: a Redis index to use without an actor (prefix and TTL as
             :class:`~orchestrator.anchors.owner.AnchorIndexConfig`).
@@ -225,6 +291,8 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         wait_timeout_s: longest wait for incomplete groups, seconds.
         lookup_timeout_s: longest wait for the actor to appear, seconds.
     Raises:
+        ValueError: an unknown argument (the valid ones are listed) or an option the index
+            cannot honour.
         pydantic.ValidationError: out-of-range GiGPO arguments.
         algos.gigpo.InvalidStepError: a non-finite reward, a duplicate or missing step.
         orchestrator.trinity.attach.OrchestratorNotFoundError: no ``redis_url`` and no actor.
@@ -235,12 +303,6 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
 
     def __init__(
         self,
-        omega: float = _PAPER.omega,
-        gamma: float = _PAPER.gamma,
-        fnorm: str = _PAPER.norm,
-        epsilon: float = _PAPER.eps,
-        step_reward_key: str = "step_reward",
-        env_state_hash_key: str = "env_state_hash",
         actor_name: str = DEFAULT_NAME,
         namespace: str | None = None,
         redis_url: str | None = None,
@@ -249,13 +311,26 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         group_size: int | None = None,
         wait_timeout_s: float = 60.0,
         lookup_timeout_s: float = 60.0,
-        **kwargs: Any,
+        **gigpo: Any,
     ) -> None:
-        self.local = DsoGiGPOAdvantageFn(
-            omega=omega, gamma=gamma, fnorm=fnorm, epsilon=epsilon,
-            step_reward_key=step_reward_key, env_state_hash_key=env_state_hash_key,
-        )
+        own = ["actor_name", "namespace", "redis_url", "prefix", "ttl_s", "group_size", "wait_timeout_s", "lookup_timeout_s"]
+        refuse_unknown("dso_gigpo_index", gigpo, list(_GIGPO_ARGS) + own)
+        self.local = DsoGiGPOAdvantageFn(**gigpo)
         self.config = self.local.config
+        unsupported = {
+            k: getattr(self.config, f) for k, f, ok in (
+                ("singleton_episode", "singleton_episode", "zero"),
+                ("similarity_threshold", "similarity_threshold", None),
+                ("std", "std", "sample"),
+                ("episode_weighting", "episode_weighting", "trajectory"),
+            ) if getattr(self.config, f) != ok
+        }
+        if unsupported:
+            raise ValueError(
+                f"dso_gigpo_index: {unsupported} need the whole batch in one place; the shared index supports "
+                "singleton_episode='zero', std='sample', episode_weighting='trajectory' and exact state hashes "
+                "only (use dso_gigpo for these options)"
+            )
         if group_size is not None and int(group_size) < 1:
             raise ValueError(f"group_size: must be >= 1 or null, got {group_size}")
         self.group_size = None if group_size is None else int(group_size)
@@ -324,13 +399,9 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         """
         r = self.local.rows(exps)
         cfg = self.config
-        local = gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=cfg)
+        local = gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=cfg, invalid=r["invalid"])
         n = len(exps)
-        hkey = self.local.env_state_hash_key
-        state = [
-            str(e.info[hkey]) if (e.info or {}).get(hkey) is not None else f"dso-solo:{e.eid.rid}:{int(e.eid.step)}"
-            for e in exps
-        ]
+        state = [self.local.state_key(e, k, solo=f"dso-solo:{e.eid.rid}:{int(e.eid.step)}") for k, e in enumerate(exps)]
         batch = np.array([f"trinity-{e.eid.batch}" for e in exps], dtype=object)
         run = np.array([int(e.eid.run) for e in exps], dtype=np.int64)
         traj, num_traj = encode_keys(r["run"])
