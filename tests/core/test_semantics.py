@@ -35,7 +35,7 @@ def core(tasks=TASKS, **policy):
 
 def invariant(c):
     s = c.stats()
-    return s["groups_submitted"] == s["groups_emitted"] + s["groups_padded"] + s["groups_dropped"] + s["groups_held"]
+    return s.groups_submitted == s.groups_emitted + s.groups_padded + s.groups_dropped + s.groups_held
 
 
 # ---------------------------------------------------------------- what the filter judges
@@ -68,7 +68,7 @@ def test_filter_disabled_keeps_an_all_equal_group():
     g = group("t0", [1.0, 1.0])
     c = core(filter={"enabled": False})
     c.submit([g])
-    assert g.reason == "informative" and c.stats()["groups_carried"] == 1
+    assert g.reason == "informative" and c.stats().groups_carried == 1
 
 
 # ---------------------------------------------------------------- multi-turn
@@ -88,7 +88,7 @@ def test_multi_turn_group_judged_per_trajectory_and_counted_per_rollout():
     c = core()
     c.submit([g])
     assert g.reason == "informative"
-    assert c.stats()["rollouts_initial"] == 2
+    assert c.stats().rollouts_initial == 2
 
 
 def test_trajectory_rollout_keeps_steps_and_oldest_version():
@@ -105,7 +105,7 @@ def test_mask_keeps_a_group_with_one_nan_member():
     c.submit([g])
     assert g.reason == "informative"
     assert g.rollouts[1].info["dso_masked"] == "invalid" and g.rollouts[1].info["dso_loss_weight"] == 0.0
-    assert c.stats()["rollouts_masked"] == 1 and invariant(c)
+    assert c.stats().rollouts_masked == 1 and invariant(c)
 
 
 def test_mask_judges_the_valid_members_only():
@@ -119,14 +119,14 @@ def test_mask_below_min_valid_rejects_through_the_direct_api():
     c = core(group_size=3, group_validity="mask", min_valid_group_size=3)
     with pytest.raises(InvalidGroupError, match="2 usable rollouts of 3, below min_valid_group_size=3"):
         c.submit([group("t0", [1.0, float("nan"), -1.0])])
-    assert c.stats()["groups_submitted"] == 0
+    assert c.stats().groups_submitted == 0
 
 
 def test_mask_accepts_a_partial_group():
     g = Group(task_id="t0", rollouts=[rollout("t0", 0, 1.0), rollout("t0", 2, -1.0)])
     c = core(group_size=3, group_validity="mask")
     c.submit([g])
-    assert g.reason == "informative" and c.stats()["rollouts_initial"] == 2
+    assert g.reason == "informative" and c.stats().rollouts_initial == 2
 
 
 def test_reject_refuses_a_partial_group():
@@ -141,7 +141,7 @@ def test_on_invalid_drop_keeps_the_other_groups():
     c.submit([good, bad], on_invalid="drop")
     s = c.stats()
     assert (good.reason, bad.reason) == ("informative", "invalid")
-    assert s["dropped_by_reason"]["invalid"] == 1 and s["groups_carried"] == 1 and invariant(c)
+    assert s.dropped_by_reason["invalid"] == 1 and s.groups_carried == 1 and invariant(c)
 
 
 def test_masked_member_leaves_the_trained_reward():
@@ -150,7 +150,7 @@ def test_masked_member_leaves_the_trained_reward():
     c.submit([group("t0", [1.0, -1.0, float("nan")]), group("t1", [1.0, -1.0, 3.0])])
     batch = c.try_emit()
     assert batch is not None
-    assert c.stats()["mean_reward_trained"] == pytest.approx(0.6)
+    assert c.stats().mean_reward_trained == pytest.approx(0.6)
 
 
 # ---------------------------------------------------------------- filter-only, cross-field checks
@@ -200,7 +200,7 @@ def test_lag_above_max_staleness_is_stale():
 def test_oldest_member_decides():
     # two fresh members (3) and one of version 1 (lag 2 > 1): the group is dropped
     c, g, batch = _carried([3, 3, 1], 3, max_staleness=1)
-    assert batch is None and c.stats()["dropped_by_reason"]["stale"] == 1 and invariant(c)
+    assert batch is None and c.stats().dropped_by_reason["stale"] == 1 and invariant(c)
 
 
 def test_stale_member_masked_by_policy():
@@ -256,7 +256,7 @@ def test_finish_with_nothing_kept_returns_none_and_drops_the_rest():
     c.plan_round()
     c.submit([group("a", [1.0, 1.0])])
     assert c.finish() is None
-    assert c.stats()["groups_held"] == 0 and invariant(c)
+    assert c.stats().groups_held == 0 and invariant(c)
 
 
 # ---------------------------------------------------------------- metrics
@@ -266,10 +266,10 @@ def test_per_batch_rewards_all_kept_trained_and_coverage():
     c = core()
     c.submit([group("t0", [1.0, -1.0]), group("t1", [1.0, 1.0]), group("t2", [1.0, -1.0])])
     c.try_emit()
-    last = c.stats()["last_batch"]
-    assert last["mean_reward_all"] == pytest.approx(2 / 6)
-    assert last["mean_reward_kept"] == 0.0 and last["mean_reward_trained"] == 0.0
-    assert last["coverage"] == pytest.approx(4 / 6)
+    last = c.stats().last_batch
+    assert last.mean_reward_all == pytest.approx(2 / 6)
+    assert last.mean_reward_kept == 0.0 and last.mean_reward_trained == 0.0
+    assert last.coverage == pytest.approx(4 / 6)
 
 
 def test_per_batch_window_restarts_after_a_release():
@@ -279,13 +279,13 @@ def test_per_batch_window_restarts_after_a_release():
     c.submit([group("t1", [3.0, -1.0]), group("t2", [1.0, 1.0])])
     c.try_emit()
     # second window: all (2 + 2) / 4 = 1, kept (3 - 1) / 2 = 1, coverage 2 / 4
-    last = c.stats()["last_batch"]
-    assert (last["mean_reward_all"], last["mean_reward_kept"], last["coverage"]) == (1.0, 1.0, 0.5)
+    last = c.stats().last_batch
+    assert (last.mean_reward_all, last.mean_reward_kept, last.coverage) == (1.0, 1.0, 0.5)
 
 
 def test_trained_reward_and_coverage_undefined_before_any_batch():
     s = core().stats()
-    assert s["mean_reward_trained"] is None and s["coverage"] is None and s["last_batch"] == {}
+    assert s.mean_reward_trained is None and s.coverage is None and s.last_batch is None
 
 
 def test_all_dropped_batch_has_no_kept_or_trained_reward():
@@ -295,8 +295,8 @@ def test_all_dropped_batch_has_no_kept_or_trained_reward():
     c.plan_round()
     c.plan_round()
     c.close_at_cap()
-    last = c.stats()["last_batch"]
-    assert last["mean_reward_kept"] is None and last["mean_reward_trained"] is None and last["coverage"] == 0.0
+    last = c.stats().last_batch
+    assert last.mean_reward_kept is None and last.mean_reward_trained is None and last.coverage == 0.0
 
 
 def test_old_checkpoint_without_new_keys_resumes():
@@ -310,4 +310,4 @@ def test_old_checkpoint_without_new_keys_resumes():
     d = core()
     d.load_state_dict(state)
     d.submit([group("t1", [1.0, float("nan")])], on_invalid="drop")
-    assert d.stats()["dropped_by_reason"]["invalid"] == 1 and not math.isnan(d.stats()["mean_reward_all"])
+    assert d.stats().dropped_by_reason["invalid"] == 1 and not math.isnan(d.stats().mean_reward_all)
