@@ -44,9 +44,17 @@ dso_batches_partial_total                counter    batches emitted flagged part
 dso_cap_hits_total                       counter    batches closed at the replenish-round cap
 dso_batch_replenish_rounds               histogram  replenish rounds spent per batch
 dso_batch_fill_seconds                   histogram  wall time from a batch's first round to release
-dso_keep_ratio                           gauge      informative / classified groups (cumulative)
+dso_keep_ratio                           gauge*     informative / classified groups (cumulative)
 dso_predicted_keep_rate                  gauge      the keep rate used to size the next round
-dso_reward_mean{groups}                  gauge      mean rollout reward, groups = all | kept
+dso_reward_mean{groups}                  gauge*     mean rollout reward (cumulative), groups = all |
+                                                    kept (informative) | trained (emitted, unmasked)
+dso_coverage                             gauge*     trained / generated rollouts (cumulative)
+dso_batch_reward_mean{groups}            gauge*     the same three means over the last batch's rounds
+dso_batch_coverage                       gauge*     trained / generated rollouts of the last batch
+dso_rollouts_masked_total                counter    members masked (invalid or stale): zero weight
+dso_rollout_staleness_lag_versions       histogram  staleness lag of each trained rollout, in model
+                                                    versions (batch's model version - rollout's)
+dso_data_exhausted                       gauge      1 once max_epochs / max_rollouts end the data
 dso_replenish_paused                     gauge      1 while replenishment is paused
 dso_resampling_policy_revision           gauge      revision counter of the resampling policy
 dso_resampling_policy_info{...}          gauge (1)  the resampling policy's settings as labels
@@ -56,6 +64,10 @@ dso_anchor_group_size                    histogram  size of each anchor-state gr
 dso_redis_op_duration_seconds{op}        histogram  Redis operation latency
 dso_redis_op_errors_total{op}            counter    failed Redis operations
 =======================================  =========  ==========================================
+
+``gauge*``: absent (no sample at all, not NaN, not 0) while undefined, e.g. the kept-group
+reward before any group was kept or when every group of the last batch was dropped; a
+dashboard then shows a gap rather than a made-up value.
 
 Vocabulary: "model version" is the *model weights* version that produced a rollout
 (``dso_model_version``); the resampling policy's change counter is the *revision*
@@ -81,6 +93,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from algos.dapo import GroupReason
+from orchestrator.core.machine import rollout_lags
 from orchestrator.core.stats import Stats
 
 PREFIX = "dso"
@@ -92,13 +105,14 @@ OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupReason)
 DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != GroupReason.INFORMATIVE)
 """Label values of ``reason`` on ``dso_groups_dropped_total``."""
 PURPOSES: tuple[str, ...] = ("initial", "replenish")
-REWARD_GROUPS: tuple[str, ...] = ("all", "kept")
+REWARD_GROUPS: tuple[str, ...] = ("all", "kept", "trained")
 REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "stats", "delete", "ping", "other")
 """Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
 
 ROUNDS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 FILL_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 ANCHOR_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
 REDIS_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 POLICY_INFO_FIELDS = (
@@ -127,8 +141,35 @@ _SIMPLE_COUNTERS = {
 }
 
 
-def _nan(x: float | None) -> float:
-    return math.nan if x is None else float(x)
+class OptionalGauges:
+    """Gauges whose series are absent while undefined (a prometheus-client custom collector).
+
+    ``set(name, None)`` removes the series; ``set(name, x)`` sets it. Each family is always
+    described (HELP and TYPE lines), so its name is known before the first sample.
+
+    Args:
+        specs: ``{name: (help, label name or None)}``.
+    """
+
+    def __init__(self, specs: dict[str, tuple[str, str | None]]):
+        self.specs = specs
+        self.values: dict[tuple[str, str], float] = {}
+
+    def set(self, name: str, value: float | None, label: str = "") -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            self.values.pop((name, label), None)
+        else:
+            self.values[(name, label)] = float(value)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        for name, (doc, label) in self.specs.items():
+            fam = GaugeMetricFamily(name, doc, labels=[label] if label else None)
+            for (n, lv), v in sorted(self.values.items()):
+                if n == name:
+                    fam.add_metric([lv] if label else [], v)
+            yield fam
 
 
 class DSOMetrics:
@@ -192,9 +233,17 @@ class DSOMetrics:
             "cap_hits": Counter(f"{p}_cap_hits", "Batches closed at the replenish-round cap.", registry=r),
             "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
             "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),
-            "keep_ratio": Gauge(f"{p}_keep_ratio", "Share of classified groups that were informative (cumulative, 0..1; NaN before any).", registry=r),
+            "rollouts_masked": Counter(f"{p}_rollouts_masked", "Rollouts masked (invalid or stale members): zero loss weight, out of the baseline.", registry=r),
+            "staleness": Histogram(f"{p}_rollout_staleness_lag_versions", "Staleness lag of each trained rollout when its batch was assembled, in model versions.", buckets=LAG_BUCKETS, registry=r),
+            "exhausted": Gauge(f"{p}_data_exhausted", "1 once max_epochs or max_rollouts allow no further round, else 0.", registry=r),
             "predicted_keep_rate": Gauge(f"{p}_predicted_keep_rate", "Laplace-smoothed keep rate that sizes the next round (0..1).", registry=r),
-            "reward_mean": Gauge(f"{p}_reward_mean", "Mean rollout reward (cumulative) of all classified groups or of kept (informative) ones.", ["groups"], registry=r),
+            "optional": OptionalGauges({
+                f"{p}_keep_ratio": ("Share of classified groups that were informative (cumulative, 0..1; absent before any).", None),
+                f"{p}_reward_mean": ("Mean rollout reward (cumulative): all classified groups, kept (informative) groups, trained rollouts; absent while undefined.", "groups"),
+                f"{p}_coverage": ("Trained / generated rollouts (cumulative, 0..1; absent before any).", None),
+                f"{p}_batch_reward_mean": ("Mean rollout reward over the last batch's rounds: all, kept, trained; absent while undefined.", "groups"),
+                f"{p}_batch_coverage": ("Trained / generated rollouts of the last batch (0..1; absent before any).", None),
+            }),
             "replenish_paused": Gauge(f"{p}_replenish_paused", "1 while replenish rounds are paused, else 0.", registry=r),
             "policy_revision": Gauge(f"{p}_resampling_policy_revision", "Revision counter of the resampling policy (bumped by every accepted change; the REST ETag). Not the model weights version.", registry=r),
             "policy_info": Info(f"{p}_resampling_policy", "Current resampling policy settings.", registry=r),
@@ -210,12 +259,10 @@ class DSOMetrics:
             m["groups_dropped"].labels(reason=v)
         for v in PURPOSES:
             m["rollouts"].labels(purpose=v)
-        for v in REWARD_GROUPS:
-            m["reward_mean"].labels(groups=v).set(math.nan)
+        r.register(m["optional"])
         for v in REDIS_OPS:
             m["redis_seconds"].labels(op=v)
             m["redis_errors"].labels(op=v)
-        m["keep_ratio"].set(math.nan)
         self._m = m
         if self._make_current:
             set_current(self)
@@ -248,10 +295,17 @@ class DSOMetrics:
         self._advance(m["rollouts"].labels(purpose="replenish"), "rollouts_replenish", stats.rollouts_replenish)
         m["groups_held"].set(stats.groups_held)
         m["groups_carried"].set(stats.groups_carried)
-        m["keep_ratio"].set(_nan(stats.keep_ratio))
+        self._advance(m["rollouts_masked"], "rollouts_masked", stats.rollouts_masked)
         m["predicted_keep_rate"].set(stats.predicted_keep_rate)
-        m["reward_mean"].labels(groups="all").set(_nan(stats.mean_reward_all))
-        m["reward_mean"].labels(groups="kept").set(_nan(stats.mean_reward_kept))
+        m["exhausted"].set(1 if stats.exhausted else 0)
+        opt, p = m["optional"], PREFIX
+        opt.set(f"{p}_keep_ratio", stats.keep_ratio)
+        opt.set(f"{p}_coverage", stats.coverage)
+        last = stats.last_batch
+        opt.set(f"{p}_batch_coverage", last.coverage if last else None)
+        for g in REWARD_GROUPS:
+            opt.set(f"{p}_reward_mean", getattr(stats, f"mean_reward_{g}"), g)
+            opt.set(f"{p}_batch_reward_mean", getattr(last, f"mean_reward_{g}") if last else None, g)
         m["replenish_paused"].set(1 if stats.replenish_paused else 0)
         m["policy_revision"].set(stats.policy_revision)
         m["model_version"].set(stats.model_version)
@@ -262,6 +316,8 @@ class DSOMetrics:
         """Record one emitted batch: its replenish rounds and its fill time (seconds)."""
         m = self._ensure()
         m["batch_rounds"].observe(batch.rounds)
+        for lag in rollout_lags(batch):
+            m["staleness"].observe(lag)
         m["batch_fill"].observe(max(0.0, float(batch.fill_seconds)))
 
     # -------------------------------------------------------------- anchor index hooks
