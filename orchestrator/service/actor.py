@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
-from orchestrator.core.machine import OrchestratorCore, RoundPlan
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, TaskSetLike
@@ -53,6 +53,25 @@ class OrchestratorUnavailable(RuntimeError):
 
 class PolicyConflictError(ValueError):
     """A policy write based on a stale revision (the REST layer maps it to 409)."""
+
+
+def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
+    """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
+
+    A source declares what it writes in ``metric_names`` (a tuple); sources that do not
+    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked.
+
+    Raises:
+        InvalidPolicyError: names ``filter.judge``, the value and the source's metrics.
+    """
+    judge = policy.filter.judge
+    names = getattr(rollout_source, "metric_names", None)
+    if judge in ("reward", "auto") or names is None or judge in names:
+        return
+    raise InvalidPolicyError(
+        f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
+        f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
+    )
 
 
 class Orchestrator(AnchorLifecycle):
@@ -95,6 +114,7 @@ class Orchestrator(AnchorLifecycle):
     ):
         enable_service_logging()
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
+        check_judge(policy, rollout_source)
         self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
         self.task_set = task_set
         self.rollout_source = rollout_source
@@ -159,9 +179,12 @@ class Orchestrator(AnchorLifecycle):
     async def next_batch(self, timeout_s: float | None = None) -> Batch | None:
         """Fill and return the next batch, running rounds through the rollout source.
 
-        Returns None when ``timeout_s`` passes while replenishment is paused.
+        Returns None when ``timeout_s`` passes while replenishment is paused. At the end of
+        data (``max_epochs`` / ``max_rollouts``) the kept groups come out as a last batch per
+        ``on_cap``; the call after that raises :class:`DataExhaustedError`.
         Raises:
             ReplenishCapError: cap hit under ``on_cap='raise'`` (the open batch is kept).
+            DataExhaustedError: no task left and no batch to release.
             RuntimeError: no rollout source is attached.
         """
         if self.ready:
@@ -182,18 +205,27 @@ class Orchestrator(AnchorLifecycle):
                     return None
                 await asyncio.sleep(0.05)
                 continue
+            if self.core.exhausted():
+                return self.finish_batch()
             await self._run_round(self.core.plan_round())
 
-    def submit_groups(self, groups: list[Group]) -> list[str]:
+    def submit_groups(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
         """Submit groups rolled out elsewhere; returns each group's filter label.
 
         Full batches become available through :meth:`pop_batch`.
+
+        Args:
+            groups: the groups.
+            on_invalid: ``"raise"`` (default): all-or-nothing, one invalid group rejects the
+                call; ``"drop"``: an invalid group is dropped with label ``invalid`` (counted and
+                logged) and the others go on (the Trinity operator's choice).
         Raises:
-            InvalidGroupError, UnknownTaskError: nothing is accepted (see ``OrchestratorCore.validate``).
+            InvalidGroupError, UnknownTaskError: under ``"raise"``, nothing is accepted (see
+                ``OrchestratorCore.submit``).
         """
         if self._batch_started is None:
             self._batch_started = time.monotonic()
-        self.core.submit(groups)
+        self.core.submit(groups, on_invalid=on_invalid)
         while (batch := self.core.try_emit()) is not None:
             self.ready.append(self._finish(batch))
             self._batch_started = time.monotonic() if self.core.carry else None
@@ -203,9 +235,16 @@ class Orchestrator(AnchorLifecycle):
 
     def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
         """Group experiences by ``(eid.task, eid.round_tag)`` (one group per task and round, in run
-        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group)."""
+        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group).
+
+        Multi-turn step experiences (``eid.step``) become one rollout per trajectory first
+        (:func:`orchestrator.core.machine.trajectory_rollouts`): the filter judges each
+        trajectory's outcome and counts it once. ``model_version`` stamps experiences without
+        ``info["model_version"]``.
+        """
         by_key: dict[tuple[str, str], list[Experience]] = defaultdict(list)
-        for e in experiences:
+        for e in trajectory_rollouts(experiences):
+            e.info.setdefault("model_version", model_version)
             by_key[(e.eid.task, e.eid.round_tag)].append(e)
         groups = [
             Group(task_id=task, rollouts=sorted(rs, key=lambda e: e.eid.run), model_version=model_version)
@@ -216,6 +255,29 @@ class Orchestrator(AnchorLifecycle):
     def pop_batch(self) -> Batch | None:
         """A completed batch if one is ready (never blocks, never rolls out)."""
         return self.ready.pop(0) if self.ready else None
+
+    def exhausted(self) -> bool:
+        """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
+        return self.core.exhausted()
+
+    def finish_batch(self) -> Batch:
+        """At the end of data, release the kept groups as the last batch (per ``on_cap``).
+
+        Raises:
+            DataExhaustedError: nothing is kept (the padding candidates are dropped); the data
+                is over for good. Its message names the limit reached.
+            ReplenishCapError: ``on_cap='raise'`` and the kept groups are short of a batch.
+        """
+        batch = self.core.finish()
+        if batch is None:
+            p, c = self.core.policy, self.core.counters
+            self._checkpoint()
+            self._observe()
+            raise DataExhaustedError(
+                f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
+                f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
+            )
+        return self._finish(batch)
 
     def close_batch(self) -> Batch | None:
         """Close the open batch now as the cap would (pad / partial / raise), for external drivers."""
@@ -253,6 +315,7 @@ class Orchestrator(AnchorLifecycle):
                 f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
+        check_judge(new, self.rollout_source)
         try:
             self.core.set_policy(new)
         except ValueError as err:

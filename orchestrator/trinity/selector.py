@@ -58,7 +58,13 @@ class OrchestratorTaskSelector:
 
         Leftovers of earlier plans first; a new ``plan_round`` only when they do not fill the
         step; ``select_tasks`` tops up a short plan. Extra info: the latest plan's
-        ``purpose``, ``round`` and ``batch_id``.
+        ``purpose``, ``round`` and ``batch_id``. At the end of data (the actor's ``max_epochs``
+        or ``max_rollouts``) fewer indices may come back; when none is left it raises
+        ``StopIteration``, which ends Trinity's explorer cleanly (its file reader turns it
+        into ``StopAsyncIteration``).
+
+        Raises:
+            StopIteration: the orchestrator is exhausted; the message says so.
         """
         ids = self.pending[:batch_size]
         self.pending = self.pending[batch_size:]
@@ -71,6 +77,8 @@ class OrchestratorTaskSelector:
             self.pending = planned[take:]
         if len(ids) < batch_size:
             ids += ray.get(self.actor.select_tasks.remote(batch_size - len(ids)))
+        if not ids and ray.get(self.actor.exhausted.remote()):
+            raise StopIteration("exhausted: the orchestrator has no task left (max_epochs or max_rollouts reached)")
         indices = [int(t) for t in ids]
         self.current_index += len(indices)
         if return_extra_info:

@@ -55,7 +55,7 @@ def test_policy_round_trip_bumps_revision_and_etag(orch, http):
     assert r.status_code == 200 and r.headers["etag"] == '"1"'
     got = http.get("/v1/policy").json()
     assert got["revision"] == 1 and got["policy"]["target_groups"] == 3
-    assert got["policy"]["filter"]["std_tol"] == 0.01 and got["policy"]["filter"]["judge"] == "reward"
+    assert got["policy"]["filter"]["std_tol"] == 0.01 and got["policy"]["filter"]["judge"] == "auto"
     # PUT replaces the whole policy: omitted fields take their defaults
     r = http.put("/v1/policy", json={"target_groups": 5, "group_size": 2, "filter": {"band": [-0.5, 0.5]}}, headers=AUTH)
     assert r.status_code == 200 and r.json()["revision"] == 2

@@ -90,3 +90,77 @@ def test_clip_higher_seq_mean_token_mean_through_the_registry():
 def test_clip_higher_sum_norm_needs_a_length():
     with pytest.raises(ValueError, match="loss_agg_norm_length"):
         POLICY_LOSS_FN.get("dso_clip_higher")(backend="verl", loss_agg_mode="seq-mean-token-sum-norm")
+
+
+# ------------------------------------------------------------------------- operator and selector (real Ray actor)
+import asyncio  # noqa: E402
+import types  # noqa: E402
+import uuid  # noqa: E402
+
+from orchestrator.service.actor import get_or_create_orchestrator  # noqa: E402
+from orchestrator.trinity.attach import IndexTaskSet  # noqa: E402
+from orchestrator.trinity.operator import OrchestratorOperator  # noqa: E402
+from orchestrator.trinity.selector import OrchestratorTaskSelector  # noqa: E402
+
+
+def texp(batch, task, run, reward, *, index, version=0):
+    return TExp(
+        eid=EID(batch=batch, task=task, run=run, step=0), tokens=[1, 2, 3, 4], prompt_length=2, logprobs=[-0.1, -0.2],
+        reward=reward, info={"model_version": version, "task_index": {"index": index}}, metrics={},
+    )
+
+
+@pytest.fixture
+def actor_name(ray_local):
+    name = f"dso-sem-{uuid.uuid4().hex[:8]}"
+    yield name
+    _HANDLES.clear()
+    try:
+        ray_local.kill(ray_local.get_actor(name, namespace="trinity-dso"))
+    except ValueError:
+        pass
+
+
+_HANDLES = []  # a non-detached actor dies with its last handle
+
+
+def _operator(name, policy):
+    _HANDLES.append(get_or_create_orchestrator(policy, IndexTaskSet.of_size(4), name=name, namespace="trinity-dso"))
+    return OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy)
+
+
+def test_operator_drops_an_invalid_group_and_keeps_the_step(actor_name, ray_local):
+    # task 0 has a None reward (reject policy): dropped as invalid; task 1 is informative and carried
+    op = _operator(actor_name, {"target_groups": 2, "group_size": 2})
+    exps = [texp(1, 0, 0, 1.0, index=0), texp(1, 0, 1, None, index=0), texp(1, 1, 0, 1.0, index=1), texp(1, 1, 1, -1.0, index=1)]
+    _, m = asyncio.run(op.process(exps))
+    stats = ray_local.get(op.actor().get_stats.remote())
+    assert m["dso/groups_invalid"] == 1 and m["dso/groups_kept"] == 1
+    assert stats.dropped_by_reason["invalid"] == 1 and stats.groups_carried == 1
+
+
+def test_operator_stamps_a_group_with_its_oldest_member(actor_name, ray_local):
+    op = _operator(actor_name, {"target_groups": 2, "group_size": 2})
+    groups, _, _ = op.to_groups([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)])
+    assert groups[0].model_version == 2
+    assert [r.info["model_version"] for r in groups[0].rollouts] == [5, 2]
+
+
+def test_operator_stale_member_of_a_fresh_group_is_caught(actor_name, ray_local):
+    # model version 5 seen; members of versions 5 and 2, max_staleness 1: the group is dropped as stale
+    op = _operator(actor_name, {"target_groups": 1, "group_size": 2, "max_staleness": 1})
+    ray_local.get(op.actor().set_model_version.remote(5))
+    out, _ = asyncio.run(op.process([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)]))
+    stats = ray_local.get(op.actor().get_stats.remote())
+    assert out == [] and stats.dropped_by_reason["stale"] == 1
+
+
+def test_selector_signals_exhaustion_with_stop_iteration(actor_name, ray_local):
+    config = types.SimpleNamespace(seed=0, kwargs={
+        "actor_name": actor_name, "namespace": "trinity-dso",
+        "policy": {"target_groups": 1, "group_size": 2, "max_epochs": 1},
+    })
+    sel = OrchestratorTaskSelector(types.SimpleNamespace(dataset_size=2), config)
+    assert sorted(sel.get_indices(2)) == [0, 1]
+    with pytest.raises(StopIteration, match="exhausted"):
+        sel.get_indices(2)
