@@ -1,7 +1,8 @@
 """Buffer sink: emitted batches written durably to SQLite, one transaction per batch.
 
 Each experience row carries its batch id, group index, padding flag and the group-relative
-advantage (``algos.dapo.group_advantages``, ``norm="std"``; zero for padding groups), so a
+advantage (``algos.dapo.group_advantages``, ``norm="std"``; zero for padding groups and for
+masked members, which also stay out of their group's mean and std), so a
 trainer can read a batch back without the orchestrator.
 """
 
@@ -36,7 +37,7 @@ CREATE TABLE IF NOT EXISTS experiences (
     reason TEXT NOT NULL,
     padding INTEGER NOT NULL,
     model_version INTEGER NOT NULL,
-    reward REAL NOT NULL,
+    reward REAL,               -- NULL for a masked member whose reward was NaN or missing
     advantage REAL NOT NULL,
     prompt_length INTEGER NOT NULL,
     tokens TEXT NOT NULL,
@@ -94,7 +95,12 @@ class SQLiteSink:
         rows = []
         gid = [i for i, g in enumerate(batch.groups) for _ in g.rollouts]
         rewards = [r.reward for g in batch.groups for r in g.rollouts]
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(gid)) if rewards else []
+        valid = [not r.info.get("dso_masked") for g in batch.groups for r in g.rollouts]
+        rewards = [float(x) if ok else float("nan") for x, ok in zip(rewards, valid)]
+        adv = (
+            group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(gid), valid=torch.tensor(valid))
+            if rewards else []
+        )
         k = 0
         for i, g in enumerate(batch.groups):
             for r in g.rollouts:

@@ -85,3 +85,16 @@ def test_rest_stats_report_exhaustion(dso_service):
     headers = {"Authorization": f"Bearer {dso_service.token}"} if dso_service.token else {}
     got = httpx.get(f"{dso_service.url}/v1/stats", headers=headers, timeout=30).json()
     assert got["exhausted"] is True and got["last_batch"]["coverage"] == 1.0
+
+
+def test_sink_keeps_a_masked_member_out_of_the_baseline(tmp_path):
+    # valid rewards 1, -1, 3: mean 1, centred 0, -2, 2, sample std 2 -> 0, -2 / (2 + eps), 2 / (2 + eps); the NaN member 0
+    from orchestrator.core.types import Batch
+    from orchestrator.service.sink import SQLiteSink
+
+    rollouts = [Experience(ExperienceId("t0", r), reward=v) for r, v in enumerate([1.0, float("nan"), -1.0, 3.0])]
+    rollouts[1].info.update(dso_masked="invalid", dso_loss_weight=0.0)
+    sink = SQLiteSink(tmp_path / "b.db")
+    sink.write(Batch(batch_id=0, groups=[Group("t0", rollouts)]))
+    adv = [row["advantage"] for row in sink.read_batch(0)]
+    assert adv == pytest.approx([0.0, 0.0, -2 / (2 + 1e-6), 2 / (2 + 1e-6)], abs=1e-12)
