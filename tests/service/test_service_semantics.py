@@ -98,3 +98,19 @@ def test_sink_keeps_a_masked_member_out_of_the_baseline(tmp_path):
     sink.write(Batch(batch_id=0, groups=[Group("t0", rollouts)]))
     adv = [row["advantage"] for row in sink.read_batch(0)]
     assert adv == pytest.approx([0.0, 0.0, -2 / (2 + 1e-6), 2 / (2 + 1e-6)], abs=1e-12)
+
+
+def test_status_table_lists_the_last_batch_under_its_titles():
+    from rich.console import Console
+
+    from orchestrator.cli.service import status_table
+    from orchestrator.core.machine import OrchestratorCore
+    from orchestrator.core.policy import ResamplingPolicy
+
+    core = OrchestratorCore(ResamplingPolicy(target_groups=1, group_size=2), ["t0"])
+    core.submit([Group("t0", [Experience(ExperienceId("t0", r), reward=v) for r, v in enumerate(MIXED)])])
+    core.try_emit()
+    console = Console(width=200, record=True)
+    console.print(status_table(core.stats().model_dump(mode="json")))
+    text = console.export_text()
+    assert "batch coverage (trained / generated rollouts)" in text and "data exhausted" in text
