@@ -19,7 +19,13 @@ class InvalidPolicyError(ValueError):
 
     @classmethod
     def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
-        return cls("invalid resampling policy: " + describe_errors(err.errors(), root="policy"))
+        """Field, message and value of each error; an unknown key also lists the valid ones."""
+        msg = describe_errors(err.errors(), root="policy")
+        for loc in {tuple(e["loc"]) for e in err.errors() if e.get("type") == "extra_forbidden"}:
+            nested = len(loc) == 2 and loc[0] == "filter"
+            fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
+            msg += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
+        return cls("invalid resampling policy: " + msg)
 
 
 class FilterConfig(BaseModel):

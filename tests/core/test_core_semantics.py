@@ -311,3 +311,13 @@ def test_old_checkpoint_without_new_keys_resumes():
     d.load_state_dict(state)
     d.submit([group("t1", [1.0, float("nan")])], on_invalid="drop")
     assert d.stats().dropped_by_reason["invalid"] == 1 and not math.isnan(d.stats().mean_reward_all)
+
+
+def test_unknown_policy_key_lists_the_valid_fields():
+    with pytest.raises(InvalidPolicyError, match=r"max_stalenes: Extra inputs .*valid fields: .*max_staleness"):
+        ResamplingPolicy.parse({"max_stalenes": 1})
+
+
+def test_unknown_filter_key_lists_the_filter_fields():
+    with pytest.raises(InvalidPolicyError, match=r"valid filter.fields: .*std_tol"):
+        ResamplingPolicy.parse({"filter": {"std_toll": 0}})
