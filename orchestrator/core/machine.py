@@ -505,7 +505,7 @@ class OrchestratorCore:
         idx = np.array([self.task_index(g.task_id) for g in groups], dtype=np.int64)
         versions = np.array([int(rollout_versions(g).min()) for g in groups], dtype=np.int64)
         self.history.update(idx, rewards, valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold), reasons, versions, valid=valid)
-        self.model_version = max(self.model_version, int(versions.max()))
+        self.model_version = max(self.model_version, max(int(rollout_versions(g).max()) for g in groups))
         self._apply_skip_rules(np.unique(idx))
 
         c, w = self.counters, self.window
@@ -558,7 +558,8 @@ class OrchestratorCore:
             return
         fresh = []
         for g in self.carry:
-            stale = self.model_version - rollout_versions(g) > p.max_staleness
+            in_play = np.array([not r.info.get("dso_masked") for r in g.rollouts])  # masked members no longer count
+            stale = in_play & (self.model_version - rollout_versions(g) > p.max_staleness)
             if not stale.any():
                 fresh.append(g)
                 continue

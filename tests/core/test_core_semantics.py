@@ -321,3 +321,18 @@ def test_unknown_policy_key_lists_the_valid_fields():
 def test_unknown_filter_key_lists_the_filter_fields():
     with pytest.raises(InvalidPolicyError, match=r"valid filter.fields: .*std_tol"):
         ResamplingPolicy.parse({"filter": {"std_toll": 0}})
+
+
+def test_a_masked_stale_member_is_counted_once():
+    # member 2 masked as stale at the first assembly; a second assembly must not count it again
+    c = core(group_size=3, target_groups=2, max_staleness=1, stale_members="mask")
+    c.set_model_version(3)
+    c.submit([group("t0", [1.0, -1.0, 1.0], versions=[3, 3, 1])])
+    assert c.try_emit() is None and c.try_emit() is None
+    assert c.stats().rollouts_masked == 1 and c.stats().groups_carried == 1
+
+
+def test_newest_member_advances_the_model_version():
+    c = core()
+    c.submit([group("t0", [1.0, -1.0], versions=[2, 7])])
+    assert c.stats().model_version == 7
