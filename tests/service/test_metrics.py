@@ -5,7 +5,6 @@ service with a real Prometheus server when the ``prometheus`` binary is installe
 """
 
 import json
-import math
 import pickle
 import re
 import shutil
