@@ -320,7 +320,7 @@ def anchor_index_from_spec(spec: dict) -> AnchorIndex | RemoteAnchorIndex:
     """
     backend = spec.get("backend")
     if backend == "redis":
-        return RedisAnchorIndex(spec["redis_url"], prefix=spec["prefix"], ttl_s=float(spec["ttl_s"]))
+        return RedisAnchorIndex(spec["redis_url"], prefix=spec["prefix"], ttl_s=float(spec["ttl_s"]), guard=spec.get("guard"))
     if backend == "memory":
         if not spec.get("actor"):
             raise ValueError(

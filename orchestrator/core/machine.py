@@ -53,10 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
+from orchestrator.core.errors import short_repr
 from orchestrator.core.history import TaskHistory
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import COUNTERS, BatchStats, Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Purpose, UnknownTaskError
+from orchestrator.core.validate import MAX_INT32, check_group
 
 log = logging.getLogger("trinity_dso.core")
 
@@ -217,7 +219,13 @@ class OrchestratorCore:
         return self.policy_revision
 
     def set_model_version(self, version: int) -> None:
-        """Record the trainer's newest model version (model weights); used for staleness."""
+        """Record the trainer's newest model version (model weights); used for staleness.
+
+        Raises:
+            ValueError: not an integer in [0, 2**31 - 1].
+        """
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version <= MAX_INT32:
+            raise ValueError(f"model_version: expected an integer in [0, {MAX_INT32}], got {short_repr(version)}")
         self.model_version = max(self.model_version, int(version))
 
     # ------------------------------------------------------------------ tasks
@@ -225,7 +233,9 @@ class OrchestratorCore:
         try:
             return self._index[task_id]
         except KeyError:
-            raise UnknownTaskError(f"task_id: unknown task {task_id!r} (task set has {len(self.task_ids)} tasks)") from None
+            raise UnknownTaskError(f"task_id: unknown task {short_repr(task_id)} (task set has {len(self.task_ids)} tasks)") from None
+        except TypeError:  # unhashable
+            raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
@@ -382,10 +392,12 @@ class OrchestratorCore:
             where = f"in run {r.eid.run} of task {group.task_id!r}"
             if not isinstance(reward, (int, float)) or not math.isfinite(reward):
                 problems.append(f"reward: non-finite value {reward!r} {where}")
+            elif abs(reward) > self.policy.max_abs_reward:
+                problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={self.policy.max_abs_reward:g} {where}")
             elif value is None:
                 problems.append(f"metrics[{judge!r}]: missing {where} (the filter judges it)")
-            elif not isinstance(value, (int, float)) or not math.isfinite(value):
-                problems.append(f"{judge}: non-finite value {value!r} {where}")
+            elif not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > self.policy.max_abs_reward:
+                problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
             elif not r.info.get("dso_masked"):
                 values[r.eid.run] = float(value)
                 valid[r.eid.run] = True
@@ -396,7 +408,9 @@ class OrchestratorCore:
 
         Raises:
             UnknownTaskError: a task id outside the task set.
-            InvalidGroupError: structure (empty, too many or, under ``reject``, too few rollouts;
+            InvalidGroupError: types and storable values (:func:`orchestrator.core.validate.check_group`:
+                wrong types, numpy scalars, values JSON cannot hold, negative or huge version,
+                oversize id), structure (empty, too many or, under ``reject``, too few rollouts;
                 duplicate or out-of-range runs; another task's experience) or values (non-finite
                 or missing reward / judged value under ``reject``; under ``mask``, fewer than
                 ``min_valid_group_size`` usable members).
@@ -404,6 +418,7 @@ class OrchestratorCore:
         p = self.policy
         n = p.group_size
         mask = p.group_validity == "mask"
+        check_group(g)
         self.task_index(g.task_id)
         if not g.rollouts:
             raise InvalidGroupError(f"rollouts: group of task {g.task_id!r} is empty")
@@ -431,6 +446,16 @@ class OrchestratorCore:
             )
         return values, valid
 
+    def check_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`_check_group` of each group (no state change): their (n,) judged values and valid flags.
+
+        Raises:
+            see :meth:`_check_group`.
+        """
+        if not isinstance(groups, list):
+            raise InvalidGroupError(f"groups: expected a list of groups, got {short_repr(groups)}")
+        return [self._check_group(g) for g in groups]
+
     def validate(self, groups: list[Group]) -> np.ndarray:
         """Check groups before any state changes; raise naming the field, task and value.
 
@@ -439,9 +464,13 @@ class OrchestratorCore:
         Raises:
             see :meth:`_check_group`.
         """
+        if not isinstance(groups, list):
+            raise InvalidGroupError(f"groups: expected a list of groups, got {short_repr(groups)}")
         return np.array([self._check_group(g)[0] for g in groups], dtype=np.float64).reshape(len(groups), -1)
 
-    def submit(self, groups: list[Group], on_invalid: str = "raise") -> list[Group]:
+    def submit(
+        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None
+    ) -> list[Group]:
         """Classify and take ownership of groups.
 
         Args:
@@ -450,6 +479,8 @@ class OrchestratorCore:
                 rejects the call, changing nothing (the direct actor API); ``"drop"``: each
                 invalid group is dropped with reason ``invalid`` (counted, logged) and the
                 others go on (the Trinity route).
+            checked: what :meth:`check_groups` returned for exactly these groups under the
+                current policy (they are not checked again); None checks here.
         Returns:
             the same groups, with ``reason`` set to the filter's label (``invalid`` for dropped ones).
         Raises:
@@ -459,10 +490,11 @@ class OrchestratorCore:
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
         if not groups:
             return []
+        results = iter(checked) if checked is not None else None
         checked, rows, masks, invalid = [], [], [], []
         for g in groups:
             try:
-                values, valid = self._check_group(g)
+                values, valid = next(results) if results is not None else self._check_group(g)
             except (InvalidGroupError, UnknownTaskError) as err:
                 if on_invalid == "raise":
                     raise
@@ -705,8 +737,19 @@ class OrchestratorCore:
         return TaskStats(task_id=task_id, **self.history.row(self.task_index(task_id)))
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """Everything needed to resume: JSON-serialisable."""
+    def held_groups(self) -> list[Group]:
+        """The groups the core holds: the carry pool, then the open batch's padding candidates."""
+        return self.carry + self.candidates
+
+    def state_dict(self, payloads: bool = True) -> dict:
+        """Everything needed to resume: JSON-serialisable.
+
+        Args:
+            payloads: True puts the held groups themselves in ``carry`` / ``candidates``; False
+                only their ``Group.key`` (the service stores the groups once, elsewhere, so the
+                state stays small whatever the groups hold).
+        """
+        held = (lambda gs: [group_to_dict(g) for g in gs]) if payloads else (lambda gs: [g.key for g in gs])
         return {
             "version": 1,
             "policy": self.policy.model_dump(mode="json"),
@@ -720,8 +763,8 @@ class OrchestratorCore:
             "batch_id": self.batch_id,
             "rounds_started": self.rounds_started,
             "dropped_task_ids": list(self.dropped_task_ids),
-            "carry": [group_to_dict(g) for g in self.carry],
-            "candidates": [group_to_dict(g) for g in self.candidates],
+            "carry": held(self.carry),
+            "candidates": held(self.candidates),
             "counters": dict(self.counters),
             "classified_by_reason": dict(self.classified_by_reason),
             "dropped_by_reason": dict(self.dropped_by_reason),
@@ -731,8 +774,15 @@ class OrchestratorCore:
             "last_batch": dict(self.last_batch),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore from :meth:`state_dict`. Raises ValueError when the task set differs."""
+    def load_state_dict(self, state: dict, groups: dict[str, Group] | None = None) -> None:
+        """Restore from :meth:`state_dict`.
+
+        Args:
+            groups: the held groups by key, for a state saved with ``payloads=False``.
+        Raises:
+            ValueError: the task set differs.
+            KeyError: a held group's key is missing from ``groups``.
+        """
         if state["task_ids"] != self.task_ids:
             raise ValueError("task_ids: the saved state belongs to a different task set")
         self.policy = ResamplingPolicy.parse(state["policy"])
@@ -742,8 +792,11 @@ class OrchestratorCore:
         for key in ("model_version", "epoch", "cursor", "batch_id", "rounds_started"):
             setattr(self, key, state[key])
         self.dropped_task_ids = list(state["dropped_task_ids"])
-        self.carry = [group_from_dict(g) for g in state["carry"]]
-        self.candidates = [group_from_dict(g) for g in state["candidates"]]
+        def held(items: list) -> list[Group]:
+            return [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
+
+        self.carry = held(state["carry"])
+        self.candidates = held(state["candidates"])
         # checkpoints from before a counter or reason existed resume with it at 0
         self.counters = {**self.counters, **state["counters"]}
         self.classified_by_reason = {**self.classified_by_reason, **state["classified_by_reason"]}

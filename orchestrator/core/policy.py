@@ -31,7 +31,7 @@ class InvalidPolicyError(ValueError):
 class FilterConfig(BaseModel):
     """Which groups count as informative (DAPO Eq. 11, see ``algos.dapo.classify_groups``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     enabled: bool = Field(
         True, description="False keeps every valid group (no dynamic sampling: plain GRPO batching)."
@@ -75,7 +75,7 @@ class ResamplingPolicy(BaseModel):
     surplus as carry-over and size each round by the predicted keep rate.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     target_groups: int = Field(8, ge=1, le=100_000, description="Informative groups per emitted train batch.")
     group_size: int = Field(8, ge=1, le=1024, description="Rollouts per group, n (DAPO uses 16).")
@@ -133,6 +133,10 @@ class ResamplingPolicy(BaseModel):
     )
     max_rollouts: int | None = Field(
         None, ge=1, description="Rollout budget: no round is planned past this many rollouts in total; None = unlimited."
+    )
+    max_abs_reward: float = Field(
+        1e6, gt=0.0, le=1e12, description="Largest |reward| accepted in a submitted group; a larger one is refused "
+        "as a bug upstream (it would overflow the group statistics)."
     )
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
 

@@ -107,6 +107,11 @@ class Stats(BaseModel):
     policy_revision: int = Field(title="resampling policy revision")
     model_version: int = Field(title="model version", description="Newest model weights version seen.")
     epoch: int = Field(title="epoch", description="Passes over the task set started.")
+    anchor_index_up: bool | None = Field(
+        None, title="anchor index (Redis) up",
+        description="False during an outage of the Redis anchor index (the orchestrator's health check); null without one.",
+    )
+    anchor_index_outages: int = Field(0, title="anchor index outages", description="Outages of the Redis anchor index seen.")
 
 
 class TaskStats(BaseModel):

@@ -252,6 +252,7 @@ class DSOMetrics:
             "anchor_sizes": Histogram(f"{p}_anchor_group_size", "Size (steps) of each anchor-state group formed.", buckets=ANCHOR_SIZE_BUCKETS, registry=r),
             "redis_seconds": Histogram(f"{p}_redis_op_duration_seconds", "Latency of Redis operations of the anchor index, in seconds.", ["op"], buckets=REDIS_SECONDS_BUCKETS, registry=r),
             "redis_errors": Counter(f"{p}_redis_op_errors", "Failed Redis operations of the anchor index.", ["op"], registry=r),
+            "anchor_outages": Counter(f"{p}_anchor_index_outages", "Outages of the Redis anchor index seen by the orchestrator's health check (up -> down).", registry=r),
         }
         for v in OUTCOMES:
             m["groups_classified"].labels(outcome=v)
@@ -331,6 +332,22 @@ class DSOMetrics:
         m["redis_seconds"].labels(op=op).observe(max(0.0, float(seconds)))
         if error:
             m["redis_errors"].labels(op=op).inc()
+
+    def set_anchor_index_up(self, up: bool) -> None:
+        """The Redis anchor index's health: 1 up, 0 down; a transition up -> down counts an outage.
+
+        ``dso_anchor_index_up`` exists from the first health check on (absent without a Redis index).
+        """
+        m = self._ensure()
+        if "anchor_up" not in m:
+            from prometheus_client import Gauge
+
+            m["anchor_up"] = Gauge(f"{PREFIX}_anchor_index_up", "1 while the Redis anchor index answers the "
+                                   "orchestrator's health check, 0 during an outage.", registry=self.registry)
+        if not up and self._last.get("anchor_up") == 1.0:
+            m["anchor_outages"].inc()
+        m["anchor_up"].set(1.0 if up else 0.0)
+        self._last["anchor_up"] = 1.0 if up else 0.0
 
     def set_anchor_entries(self, entries: int) -> None:
         """Anchor states currently held by the index."""

@@ -44,24 +44,34 @@ def _namespace(namespace: str | None) -> str:
 
 
 def find_orchestrator(name: str, namespace: str | None, *, timeout_s: float = 0.0) -> Any:
-    """The named actor in ``namespace`` (default: the caller's Ray namespace, i.e. the run's).
+    """The named actor in ``namespace`` (default: the caller's Ray namespace, i.e. the run's), alive.
 
-    Polls up to ``timeout_s`` seconds (the task selector usually creates it first).
+    Polls up to ``timeout_s`` seconds (the task selector usually creates it first), and until the
+    actor answers a ping: a name still bound to a dead actor, or an actor restarting from its
+    state file, is looked up again rather than handed out. A handle found here follows Ray's
+    restarts of the actor (``max_restarts``); call this again after ``RayActorError`` to find an
+    actor created anew under the name.
+
     Raises:
-        OrchestratorNotFoundError: not there after ``timeout_s``.
+        OrchestratorNotFoundError: not there, or not answering, after ``timeout_s``.
     """
+    import ray.exceptions as rex
+
     ns = _namespace(namespace)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return ray.get_actor(name, namespace=ns)
+            handle = ray.get_actor(name, namespace=ns)
+            ray.get(handle.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return handle
         except ValueError:
-            if time.monotonic() >= deadline:
-                raise OrchestratorNotFoundError(
-                    f"actor_name: no orchestrator {name!r} in Ray namespace {ns!r}; configure the "
-                    f"{SELECTOR_NAME!r} data selector on the taskset, or give the operator num_tasks"
-                ) from None
-            time.sleep(0.2)
+            why = (f"no orchestrator {name!r} in Ray namespace {ns!r}; configure the {SELECTOR_NAME!r} data "
+                   "selector on the taskset, or give the operator num_tasks")
+        except (rex.RayActorError, rex.ActorUnavailableError, rex.GetTimeoutError) as err:
+            why = f"orchestrator {name!r} in Ray namespace {ns!r} does not answer ({type(err).__name__})"
+        if time.monotonic() >= deadline:
+            raise OrchestratorNotFoundError(f"actor_name: {why}") from None
+        time.sleep(0.2)
 
 
 def trinity_task_id(exp: TrinityExperience) -> str:
