@@ -228,6 +228,14 @@ class StepRows:
     traj: np.ndarray
     state_names: list[str]
 
+    def state_keys(self, solo: str = "\x00solo/{row}") -> np.ndarray:
+        """(N,) object: each row's hash text, or ``solo`` formatted with its ``row`` when it has none."""
+        names = np.empty(int(self.state.max()) + 1, dtype=object)
+        names[: len(self.state_names)] = self.state_names
+        rows = np.flatnonzero(~self.hashed)
+        names[self.state[rows]] = [solo.format(row=i) for i in rows.tolist()]
+        return names[self.state]
+
     @classmethod
     def read(
         cls,
@@ -264,7 +272,10 @@ class StepRows:
             raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
         except TypeError:  # an unhashable value (bytearray, list): make it hashable, refuse it below
             seen = {}
-            hashes = [bytes(h) if isinstance(h, bytearray) else h if isinstance(h, (str, bytes)) or h is None else repr(h) for h in hashes]
+            hashes = [
+                bytes(h) if isinstance(h, bytearray) else h if h is None or isinstance(h, (str, bytes)) else ("unhashable", k)
+                for k, h in enumerate(hashes)
+            ]
             raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
         names: dict[str, int] = {}
         remap = np.empty(len(seen), dtype=np.int64)
@@ -430,7 +441,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
                 )
             texts = list(r.text)
         return gigpo_advantages(
-            r.group, r.run, r.step, r.reward, r.state, config=self.config, invalid=r.invalid, state_texts=texts
+            r.group, r.run, r.step, r.reward, r.state_keys(), config=self.config, invalid=r.invalid, state_texts=texts
         )
 
     def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
@@ -666,11 +677,9 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         group_name = np.array([exps[i].eid.tid for i in group_row.tolist()], dtype=object)
         group_batch = np.array([f"trinity-{exps[i].eid.batch}" for i in group_row.tolist()], dtype=object)
         tasks = group_name[r.group]
-        names = np.empty(int(r.state.max()) + 1, dtype=object)
-        names[: len(r.state_names)] = r.state_names
+        states = r.state_keys()
         solo = np.flatnonzero(~r.hashed)
-        names[r.state[solo]] = [f"dso-solo:{exps[i].eid.rid}:{int(r.step[i])}" for i in solo.tolist()]
-        states = names[r.state]
+        states[solo] = [f"dso-solo:{exps[i].eid.rid}:{int(r.step[i])}" for i in solo.tolist()]
         versions = np.fromiter(
             (int((e.info or _NO_INFO).get("model_version", 0) or 0) for e in exps), dtype=np.int64, count=n
         )
