@@ -6,10 +6,11 @@ from typing import Any
 
 from trinity.algorithm.algorithm import AlgorithmType
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.registry import (
     GIGPO_ADVANTAGE_CLASS_PATH,
+    GRPO_ADVANTAGE_CLASS_PATH,
     LOSS_CLASS_PATH,
     OPERATOR_CLASS_PATH,
     OPERATOR_NAME,
@@ -84,7 +85,8 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     surplus informative groups as carry-over, emits train batches of exactly ``target_groups``
     groups, and the ``dso_orchestrator`` task selector steers which tasks are rolled out next.
 
-    Defaults (paper, Sec. 3 and 4.1): 16 rollouts per prompt, GRPO group-relative advantages,
+    Defaults (paper, Sec. 3 and 4.1): 16 rollouts per prompt, GRPO group-relative advantages
+    (``dso_grpo``: Trinity's ``grpo``, vectorised over the batch),
     clip-higher with eps_low 0.2 / eps_high 0.28, token-level loss averaging, no KL term, no
     reference model. Dual clip (``clip_ratio_c``) is off as in the paper; set it to enable.
     """
@@ -99,7 +101,8 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     def default_config(cls) -> dict:
         return {
             "repeat_times": 16,
-            "advantage_fn": "grpo",
+            "advantage_fn": GRPO_ADVANTAGE_CLASS_PATH,
+            "advantage_fn_args": DsoGRPOAdvantageFn.default_args(),
             "sample_strategy": "default",
             "policy_loss_fn": LOSS_CLASS_PATH,
             "policy_loss_fn_args": DsoClipHigherPolicyLossFn.default_args(),

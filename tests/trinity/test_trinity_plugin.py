@@ -29,7 +29,7 @@ from trinity.common.experience import Experience as TExp
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.attach import IndexTaskSet, OrchestratorNotFoundError
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
@@ -97,6 +97,7 @@ def test_default_configs_match_the_papers():
     assert dapo["policy_loss_fn_args"]["clip_range_low"] == 0.2
     assert dapo["policy_loss_fn_args"]["clip_range_high"] == 0.28
     assert dapo["kl_loss_fn"] == "none" and dapo["repeat_times"] == 16
+    assert ADVANTAGE_FN.get(dapo["advantage_fn"]) is DsoGRPOAdvantageFn
     gigpo = DsoGiGPOAlgorithm.default_config()
     assert ADVANTAGE_FN.get(gigpo["advantage_fn"]) is DsoGiGPOAdvantageFn
     assert {k: gigpo["advantage_fn_args"][k] for k in ("omega", "gamma", "fnorm")} == {"omega": 1.0, "gamma": 0.95, "fnorm": "std"}
