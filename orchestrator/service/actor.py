@@ -339,6 +339,17 @@ class Orchestrator(AnchorLifecycle):
     def get_stats(self) -> Stats:
         return self.core.stats()
 
+    def report_training(self, step: int, metrics: dict) -> None:
+        """A trainer's step metrics (entropy, clip fractions, KL, rewards, held-out accuracy,
+        model version...): exported as ``dso_train_*`` and returned by :meth:`get_training`."""
+        self.training = {"step": int(step), **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        if hasattr(self.metrics, "update_training"):
+            self.metrics.update_training(self.training)
+
+    def get_training(self) -> dict:
+        """The last :meth:`report_training` row (``{}`` before any)."""
+        return dict(getattr(self, "training", {}))
+
     def task_history(self, task_id: str) -> TaskStats:
         return self.core.task_stats(task_id)
 
