@@ -348,7 +348,9 @@ def clip_higher_policy_loss(
     if len(shapes) != 1:
         raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
     mask = response_mask.to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)
+    # masked tokens: log-ratio 0 before exp, so a padding token with a huge log-ratio cannot give
+    # inf * 0 = NaN in the loss or its gradient
+    ratio = torch.exp(torch.where(response_mask.bool(), logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype)))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -359,3 +361,59 @@ def clip_higher_policy_loss(
         loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length
     )
     return agg, (clip_active * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def clip_higher_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clip-higher surrogate (DAPO Eq. 10), before aggregation.
+
+    Same formula as :func:`clip_higher_policy_loss`. The log-ratio is set to 0 on masked
+    tokens *before* the exponential, so a padding token with a huge log-ratio gives a
+    finite (zero) loss and a zero gradient instead of ``inf * 0 = NaN``.
+
+    Args:
+        logprobs, old_logprobs, advantages: (B, T) float.
+        response_mask: (B, T) bool or {0, 1}.
+        eps_low, eps_high, dual_clip: as :func:`clip_higher_policy_loss`.
+    Returns:
+        loss: (B, T) float, 0 on masked tokens.
+        flags: (B, T) float {0, 1} masks, 0 on masked tokens: ``clip_high`` (A > 0 and
+        ratio > 1 + eps_high: the upper bound is active), ``clip_low`` (A < 0 and ratio <
+        1 - eps_low), ``dual_clip`` (A < 0 and the dual-clip bound is active).
+    Raises:
+        ValueError: clip parameters out of range or shapes differ.
+    """
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
+    if len(shapes) != 1:
+        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype)
+    log_ratio = torch.where(mask, logprobs - old_logprobs, zero)
+    adv = torch.where(mask, advantages.to(logprobs.dtype), zero)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = {
+        "clip_high": (mask & (adv > 0) & (ratio > 1.0 + eps_high)).to(logprobs.dtype),
+        "clip_low": (mask & (adv < 0) & (ratio < 1.0 - eps_low)).to(logprobs.dtype),
+    }
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        flags["dual_clip"] = (mask & (adv < 0) & (loss > bound)).to(logprobs.dtype)
+        loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
+    else:
+        flags["dual_clip"] = torch.zeros_like(loss)
+    return torch.where(mask, loss, zero), flags

@@ -143,6 +143,7 @@ class Orchestrator(AnchorLifecycle):
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
+        self.training: dict = {}  # the last report_training row
         self._lock = asyncio.Lock()
         self._committing = False  # a commit is being written in a worker thread
         self._commit_again = False  # something changed meanwhile: commit once it is done
@@ -558,6 +559,17 @@ class Orchestrator(AnchorLifecycle):
         if self._anchor_redis() is not None:
             stats = stats.model_copy(update={"anchor_index_up": self._anchor_up, "anchor_index_outages": self._anchor_outages})
         return stats
+
+    def report_training(self, step: int, metrics: dict) -> None:
+        """A trainer's step metrics (entropy, clip fractions, KL, rewards, held-out accuracy,
+        model version...): exported as ``dso_train_*`` and returned by :meth:`get_training`."""
+        self.training = {"step": int(step), **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        if self.metrics is not None:
+            self.metrics.update_training(self.training)
+
+    def get_training(self) -> dict:
+        """The last :meth:`report_training` row (``{}`` before any)."""
+        return dict(self.training)
 
     @ray.method(max_task_retries=RETRIES)
     def task_history(self, task_id: str) -> TaskStats:

@@ -63,6 +63,16 @@ dso_anchor_index_entries                 gauge      anchor states held by the an
 dso_anchor_group_size                    histogram  size of each anchor-state group formed
 dso_redis_op_duration_seconds{op}        histogram  Redis operation latency
 dso_redis_op_errors_total{op}            counter    failed Redis operations
+dso_train_steps_total                    counter    train batches (rollout steps) reported by a trainer
+dso_train_entropy_nats                   gauge*     policy entropy, token mean over the last batch
+dso_train_pg_clipfrac{bound}             gauge*     share of response tokens clipped, bound = upper |
+                                                    lower | dual
+dso_train_kl_ref_nats                    gauge*     KL(pi || initial policy), k3 token mean
+dso_train_reward_mean                    gauge*     mean reward of the last train batch
+dso_train_reward_group_std               gauge*     mean within-group reward std of the last batch
+dso_train_heldout_accuracy               gauge*     held-out accuracy (avg@k) at the last evaluation
+dso_train_model_version                  gauge*     model version after the trainer's last weight sync
+dso_train_weight_sync_seconds            histogram  time of one weight load into the rollout engine
 =======================================  =========  ==========================================
 
 ``gauge*``: absent (no sample at all, not NaN, not 0) while undefined, e.g. the kept-group
@@ -139,6 +149,19 @@ _SIMPLE_COUNTERS = {
     "batches_partial": "batches_partial",
     "cap_hits": "cap_hits",
 }
+
+
+TRAIN_GAUGES: dict[str, tuple[str, str | None]] = {
+    f"{PREFIX}_train_entropy_nats": ("Policy entropy on response tokens, token mean of the last train batch, nats.", None),
+    f"{PREFIX}_train_pg_clipfrac": ("Share of response tokens where the clip was active (0..1), by bound (upper, lower, dual).", "bound"),
+    f"{PREFIX}_train_kl_ref_nats": ("KL divergence of the policy to the initial policy (k3 estimator, token mean), nats.", None),
+    f"{PREFIX}_train_reward_mean": ("Mean rollout reward of the last train batch.", None),
+    f"{PREFIX}_train_reward_group_std": ("Mean within-group reward standard deviation of the last train batch.", None),
+    f"{PREFIX}_train_heldout_accuracy": ("Held-out accuracy (avg@k, 0..1) at the last evaluation.", None),
+    f"{PREFIX}_train_model_version": ("Model weights version after the trainer's last weight sync.", None),
+}
+"""The trainer's gauges (issue 13): absent until a trainer reports (``Orchestrator.report_training``)."""
+SYNC_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class OptionalGauges:
@@ -243,7 +266,10 @@ class DSOMetrics:
                 f"{p}_coverage": ("Trained / generated rollouts (cumulative, 0..1; absent before any).", None),
                 f"{p}_batch_reward_mean": ("Mean rollout reward over the last batch's rounds: all, kept, trained; absent while undefined.", "groups"),
                 f"{p}_batch_coverage": ("Trained / generated rollouts of the last batch (0..1; absent before any).", None),
+                **TRAIN_GAUGES,
             }),
+            "train_steps": Counter(f"{p}_train_steps", "Train batches (rollout steps) reported by the trainer.", registry=r),
+            "train_sync_seconds": Histogram(f"{p}_train_weight_sync_seconds", "Time to load the trainer's weights into the rollout engine, seconds.", buckets=SYNC_SECONDS_BUCKETS, registry=r),
             "replenish_paused": Gauge(f"{p}_replenish_paused", "1 while replenish rounds are paused, else 0.", registry=r),
             "policy_revision": Gauge(f"{p}_resampling_policy_revision", "Revision counter of the resampling policy (bumped by every accepted change; the REST ETag). Not the model weights version.", registry=r),
             "policy_info": Info(f"{p}_resampling_policy", "Current resampling policy settings.", registry=r),
@@ -312,6 +338,22 @@ class DSOMetrics:
         m["model_version"].set(stats.model_version)
         if policy is not None:
             m["policy_info"].info(policy_labels(policy))
+
+    def update_training(self, metrics: dict) -> None:
+        """Record one trainer step (``orchestrator.train.trainer.PolicyTrainer.train_batch``'s
+        metrics plus ``heldout_acc``, ``model_version``, ``sync_seconds`` when present)."""
+        m = self._ensure()
+        m["train_steps"].inc()
+        for key, name in (("entropy", "entropy_nats"), ("kl_ref", "kl_ref_nats"), ("reward_mean", "reward_mean"),
+                          ("reward_std_group", "reward_group_std"), ("heldout_acc", "heldout_accuracy"),
+                          ("model_version", "model_version")):
+            if metrics.get(key) is not None:
+                m["optional"].set(f"{PREFIX}_train_{name}", float(metrics[key]))
+        for key, bound in (("pg_clipfrac", "upper"), ("pg_clipfrac_lower", "lower"), ("pg_clipfrac_dual", "dual")):
+            if metrics.get(key) is not None:
+                m["optional"].set(f"{PREFIX}_train_pg_clipfrac", float(metrics[key]), bound)
+        if metrics.get("sync_seconds") is not None:
+            m["train_sync_seconds"].observe(max(0.0, float(metrics["sync_seconds"])))
 
     def observe_batch(self, batch: Any) -> None:
         """Record one emitted batch: its replenish rounds and its fill time (seconds)."""

@@ -244,7 +244,7 @@ class StepRows:
         env_state_hash_key: str,
         action_valid_key: str = "is_action_valid",
         state_text_key: str = "env_state_text",
-    ) -> "StepRows":
+    ) -> StepRows:
         """Read the rows off ``exps`` (one pass per field, no per-row objects).
 
         Raises:

@@ -37,6 +37,12 @@ def configure_orchestrated_run(config: Any) -> None:
     * ``target_groups`` defaults to ``buffer.train_batch_size // repeat_times`` when
       ``train_batch_size`` is set (single-turn), else to ``buffer.batch_size``.
 
+    With ``algorithm.loss_agg_mode`` token-mean (DAPO Eq. 12) it also sets
+    ``trainer.fix_actor_microbatch_loss_scale = True``: Trinity then scales each micro-batch's
+    token-mean loss by its share of the mini-batch's response tokens, so the accumulated
+    gradient is the exact token mean of the mini-batch whatever the micro-batches' sizes
+    (Trinity's default, ``1 / gradient_accumulation``, weights short micro-batches' tokens up).
+
     Raises:
         ValueError: no ``dso_orchestrator`` operator in
             ``data_processor.experience_pipeline.operators`` (an orchestrated algorithm without
@@ -45,6 +51,8 @@ def configure_orchestrated_run(config: Any) -> None:
     """
     algo = config.algorithm
     n = int(algo.repeat_times)
+    if (algo.loss_agg_mode or "token-mean") == "token-mean" and getattr(config, "trainer", None) is not None:
+        config.trainer.fix_actor_microbatch_loss_scale = True
     ops = [op for op in config.data_processor.experience_pipeline.operators if _is_ours(op.name, OPERATOR_NAME, OPERATOR_CLASS_PATH)]
     if not ops:
         raise ValueError(
