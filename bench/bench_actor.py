@@ -5,7 +5,7 @@ Callers send ``submit_groups`` calls of ``--call-groups`` groups of ``--n`` roll
 every call (``checkpoint_path`` set). Reported: groups per second from one caller and from
 ``--callers`` concurrent callers (threads of this driver, each its own sequence of calls),
 against the same core in this process without Ray or checkpoint (the reference, ratio 1).
-Issue 11's targets: 20k groups/s from one caller, 50k from 16.
+Targets: 20k groups/s from one caller, 50k from 16.
 
 Other processes on the machine inflate the seconds; the ratios are measured side by side.
 

@@ -160,7 +160,7 @@ TRAIN_GAUGES: dict[str, tuple[str, str | None]] = {
     f"{PREFIX}_train_heldout_accuracy": ("Held-out accuracy (avg@k, 0..1) at the last evaluation.", None),
     f"{PREFIX}_train_model_version": ("Model weights version after the trainer's last weight sync.", None),
 }
-"""The trainer's gauges (issue 13): absent until a trainer reports (``Orchestrator.report_training``)."""
+"""The trainer's gauges: absent until a trainer reports (``Orchestrator.report_training``)."""
 SYNC_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 

@@ -156,7 +156,7 @@ def test_token_mean_weights_tokens_not_sequences():
     assert float(loss) == pytest.approx((-3 - 3) / 4)  # sequence-mean would give -2.0
 
 
-# ------------------------------------------------------------------ issue 12: semantics
+# ------------------------------------------------------------------ semantics: aggregation, validity, std conventions
 
 
 def test_classify_std_tol_zero_is_exact_equality():

@@ -129,7 +129,9 @@ def test_memory_index_is_created_from_an_empty_config():
 def test_redis_spec_names_url_prefix_and_ttl(redis_url, redis_namespace):
     o = orch({"redis_url": redis_url, "prefix": redis_namespace, "ttl_s": 60})
     spec = o.anchor_spec()
+    guard = spec.pop("guard")
     assert spec == {"backend": "redis", "redis_url": redis_url, "prefix": redis_namespace, "ttl_s": 60.0}
+    assert len(guard) == 32 and int(guard, 16) >= 0  # the run's guard key value (a uuid4 hex)
     idx = anchor_index_from_spec(spec)
     assert isinstance(idx, RedisAnchorIndex) and idx.prefix == redis_namespace
 

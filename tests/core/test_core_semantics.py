@@ -1,4 +1,4 @@
-"""Issue 12 semantics of the state machine, each on a hand-computed scenario (no Ray)."""
+"""Semantics of the state machine, each on a hand-computed scenario (no Ray)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 through the real Ray actor and the REST service: end of data, invalid groups, multi-turn, config checks."""
+"""Semantics through the real Ray actor and the REST service: end of data, invalid groups, multi-turn, config checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 through Trinity's registries: every dso_gigpo option reachable and validated, loss modes."""
+"""Semantics through Trinity's registries: every dso_gigpo option reachable and validated, loss modes."""
 
 from __future__ import annotations
 
