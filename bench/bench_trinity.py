@@ -127,7 +127,6 @@ def bench_grpo(args):
     ref_out = copy.deepcopy(ref_out)
     t_ours, (out, _) = best_of(lambda: ours.process(exps), args.repeats)
     table(f"GRPO: {args.groups} groups x {args.n}", [("Trinity grpo", t_ref, None), ("dso_grpo", t_ours, max_diff(out, ref_out))])
-    return exps
 
 
 def bench_dapo(args, exps) -> None:
@@ -184,12 +183,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--target-groups", type=int, default=256)
     ap.add_argument("--skip-ray", action="store_true", help="leave out the DAPO pipeline (it starts Ray)")
+    ap.add_argument("--only", choices=["gigpo", "grpo", "dapo"], help="run one comparison")
     args = ap.parse_args()
     print(f"Trinity adapters vs Trinity built-ins, best of {args.repeats} (speed-up = Trinity seconds / ours)")
-    bench_gigpo(args)
-    exps = bench_grpo(args)
-    if not args.skip_ray:
-        bench_dapo(args, exps)
+    if args.only in (None, "gigpo"):
+        bench_gigpo(args)
+    if args.only in (None, "grpo"):
+        bench_grpo(args)
+    if args.only in (None, "dapo") and not args.skip_ray:
+        bench_dapo(args, dapo_batch(args.groups, args.n))
 
 
 if __name__ == "__main__":
