@@ -61,7 +61,7 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[list[Group]]
     name = f"dso-ingest-{uuid.uuid4().hex[:8]}"
     actor = get_or_create_orchestrator(
         policy, IndexTaskSet.of_size(num_tasks), name=name, namespace="trinity-dso",
-        checkpoint_path=os.path.join(ckpt_dir, f"{name}.json"),
+        checkpoint_path=os.path.join(ckpt_dir, f"{name}.db"),
     )
     ray.get(actor.ping.remote())
 
