@@ -194,7 +194,8 @@ def test_pause_stops_replenish_rounds_and_resume_restarts_them(orch, http):
 def test_rest_policy_change_changes_the_next_batch(svc, http):
     # t0, t1: mean 0 ([1, -1]); t2, t3: mean 0.5 ([1, 0]); all informative under the default filter
     a, b = [1.0, -1.0], [1.0, 0.0]
-    orch = svc.orchestrator({"target_groups": 4, "group_size": 2, "min_keep_rate": 1.0},
+    # the band judges the reward means (the scripted accuracy would be 0.5 for all four)
+    orch = svc.orchestrator({"target_groups": 4, "group_size": 2, "min_keep_rate": 1.0, "filter": {"judge": "reward"}},
                             {"t0": [a], "t1": [a], "t2": [b], "t3": [b]})
     first = ray.get(orch.next_batch.remote())
     assert {g.task_id for g in first.groups} == {"t0", "t1", "t2", "t3"}
