@@ -181,6 +181,6 @@ except ImportError:  # pragma: no cover - while it is being written
 if _register_service is not None:
     _register_service(app)
 
-from orchestrator.jobs.cli import register as _register_training  # noqa: E402  (train, ablate-dapo)
+from orchestrator.cli.train import register as _register_training  # noqa: E402  (train, ablate-dapo)
 
 _register_training(app)
