@@ -127,7 +127,7 @@ def demo(
     ),
     out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON); default runs/demo."),
 ) -> None:
-    """Run the main job (embedded defaults, or a YAML config) and print its summary table."""
+    """The sampling demo: DAPO dynamic sampling (or a GiGPO batch) without training; embedded defaults or a YAML config."""
     from orchestrator.cli.service import load_yaml_model
 
     if algo is Algo.gigpo:
