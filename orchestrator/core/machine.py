@@ -262,7 +262,7 @@ class OrchestratorCore:
 
     def predicted_informative(self) -> np.ndarray:
         """(T,) float64: each task's predicted chance that its next group is informative
-        (Beta-Binomial posterior predictive, :mod:`orchestrator.passrate`)."""
+        (Beta-Binomial posterior predictive, :mod:`orchestrator.core.passrate`)."""
         return self.passrate.informativeness(self.model_version, self.policy.group_size)
 
     def _context(self) -> SelectionContext:

@@ -7,7 +7,7 @@ chosen by the resampling policy's ``selection`` field:
 * ``epoch`` - each epoch a seeded permutation of the task set, tasks in a skip-rule cooldown
   left out (the orchestrator's original order).
 * ``informative`` - tasks drawn with probability growing with their predicted chance of an
-  informative group (:mod:`orchestrator.passrate`), mixed with uniform exploration, every
+  informative group (:mod:`orchestrator.core.passrate`), mixed with uniform exploration, every
   task revisited within a bounded number of epochs, and each round sized from the predicted
   keep rate of the tasks actually drawn.
 
