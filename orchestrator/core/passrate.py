@@ -156,10 +156,11 @@ def fit_prior_to_informative_share(
     The strength ``k = a0 + b0`` is the smallest of ``PRIOR_GRID`` log-spaced values in
     ``strength_range`` with ``informativeness(mean * k, (1 - mean) * k, n) >= share`` (the left
     side rises from 0 as k -> 0, a Bernoulli, to ``1 - mean**n - (1 - mean)**n`` as k -> inf, a
-    point mass; relative step of k about 0.5 %); a share outside that range gives the nearer end. Matching the n-th-order moment that the selection uses,
-    instead of the variance (:func:`fit_population_prior`), keeps the prediction for a task
-    never seen equal to the population's share of informative groups even when the population
-    is not Beta-shaped (e.g. a third solved, a third unsolved, a third in between).
+    point mass; relative step of k about 0.5 %); a share outside that range gives the nearer
+    end. Matching the n-th-order moment that the selection uses, instead of the variance
+    (:func:`fit_population_prior`), keeps the prediction for a task never seen equal to the
+    population's share of informative groups even when the population is not Beta-shaped
+    (e.g. a third solved, a third unsolved, a third in between).
 
     Args:
         mean: in (0, 1). Population mean pass rate (clipped to [1e-3, 1 - 1e-3]).
@@ -178,10 +179,11 @@ def fit_prior_to_informative_share(
 class PassRateEstimate:
     """Decayed Beta-Binomial pass-rate evidence per task, with a learned population prior.
 
-    Arrays of length T (number of tasks), float64, decayed to model version ``version``
-    (int64, -1 for a task never seen): ``successes`` and ``failures`` (rollouts judged correct
-    or not), ``groups`` and ``informative`` (groups, and those that were informative). Reading
-    at model version V multiplies a task's counts by ``0.5 ** ((V - version) / half_life)``.
+    Arrays of length T (number of tasks): ``successes`` and ``failures`` (float64, rollouts
+    judged correct or not, decayed to model version ``version``; int64, -1 for a task never
+    seen); ``first_rate``, ``first_informative``, ``first_version``: the pass rate, outcome
+    (1.0 informative) and model version of each task's first group (the prior's evidence).
+    Reading at model version V multiplies a task's counts by ``0.5 ** ((V - version) / half_life)``.
 
     Args:
         num_tasks: T.
@@ -192,9 +194,9 @@ class PassRateEstimate:
     not in :meth:`state_dict`.
     """
 
-    FIELDS = ("successes", "failures", "groups", "informative")
+    FIELDS = ("successes", "failures")
 
-    def __init__(self, num_tasks: int, half_life: float | None = 8.0, prior: str = "informative_share"):
+    def __init__(self, num_tasks: int, half_life: float | None = 16.0, prior: str = "informative_share"):
         if prior not in ("informative_share", "moments"):
             raise ValueError(f"prior: expected 'informative_share' or 'moments', got {prior!r}")
         self.num_tasks = num_tasks
@@ -242,8 +244,7 @@ class PassRateEstimate:
         np.maximum.at(new_version, t, v)
         keep = np.where(self.version >= 0, self._decay(new_version - self.version), 0.0)
         w = self._decay(new_version[t] - v)
-        adds = {"successes": c, "failures": m - c, "groups": np.ones_like(c), "informative": np.asarray(informative, dtype=np.float64)}
-        for name, x in adds.items():
+        for name, x in (("successes", c), ("failures", m - c)):
             arr = getattr(self, name)
             arr *= keep
             np.add.at(arr, t, w * x)
@@ -306,8 +307,7 @@ class PassRateEstimate:
         }
 
     STATE = {
-        "successes": np.float64, "failures": np.float64, "groups": np.float64, "informative": np.float64,
-        "version": np.int64, "first_rate": np.float64, "first_informative": np.float64, "first_version": np.int64,
+        "successes": np.float64, "failures": np.float64, "version": np.int64, "first_rate": np.float64, "first_informative": np.float64, "first_version": np.int64,
     }
 
     def state_dict(self) -> dict:

@@ -103,7 +103,7 @@ def test_evidence_halves_every_half_life():
     est = PassRateEstimate(2, half_life=2.0)
     est.observe(np.array([0]), np.array([3]), np.array([4]), np.array([True]), np.array([0]))
     c = est.counts(2)
-    assert (c["successes"][0], c["failures"][0], c["groups"][0]) == pytest.approx((1.5, 0.5, 0.5))
+    assert (c["successes"][0], c["failures"][0]) == pytest.approx((1.5, 0.5))
     est.observe(np.array([0]), np.array([1]), np.array([4]), np.array([True]), np.array([4]))
     c = est.counts(4)  # old evidence x 0.25, new evidence x 1
     assert (c["successes"][0], c["failures"][0]) == pytest.approx((0.75 + 1.0, 0.25 + 3.0))
@@ -121,7 +121,7 @@ def test_repeated_task_in_one_call_adds_both_groups():
     est = PassRateEstimate(3, half_life=None)
     est.observe(np.array([1, 1]), np.array([1, 2]), np.array([4, 4]), np.array([True, True]), np.array([0, 0]))
     c = est.counts(0)
-    assert (c["successes"][1], c["failures"][1], c["groups"][1]) == (3.0, 5.0, 2.0)
+    assert (c["successes"][1], c["failures"][1]) == (3.0, 5.0)
 
 
 def test_discount_scales_only_the_given_tasks():
@@ -142,6 +142,17 @@ def test_unseen_task_gets_the_prior_fitted_to_first_groups():
     alpha, beta = est.posterior(0, 4)
     assert (alpha[4], beta[4]) == (a0, b0)
     assert (alpha[1], beta[1]) == pytest.approx((a0 + 4, b0))
+
+
+def test_moments_option_fits_kleinmans_prior_to_the_counts():
+    est = PassRateEstimate(3, half_life=None, prior="moments")
+    est.observe(np.array([0, 1]), np.array([2, 8]), np.array([10, 10]), np.array([True, True]), np.zeros(2))
+    assert est.prior(0, 10) == fit_population_prior(np.array([2.0, 8.0, 0.0]), np.array([10.0, 10.0, 0.0]))
+
+
+def test_unknown_prior_option_is_refused():
+    with pytest.raises(ValueError, match="prior: expected"):
+        PassRateEstimate(3, prior="mle")
 
 
 def test_prior_is_uniform_before_two_tasks_are_seen():
