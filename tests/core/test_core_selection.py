@@ -128,3 +128,19 @@ def test_version_1_state_loads_into_epoch_selection():
 def test_unknown_selection_is_refused_naming_the_field():
     with pytest.raises(InvalidPolicyError, match="selection"):
         ResamplingPolicy.parse({"selection": "greedy"})
+
+
+def test_informative_selection_stops_at_max_epochs():
+    # an informative epoch is as many picks as tasks: max_epochs=1 hands out each of the 10 tasks once
+    c = core(selection="informative", max_epochs=1)
+    picked = c.select_tasks(25)
+    assert sorted(picked) == sorted(TASKS)
+    assert c.exhausted() and c.select_tasks(3) == [] and c.plan_round().task_ids == []
+
+
+def test_masked_members_are_no_evidence_for_the_pass_rate():
+    # group_validity=mask: a NaN member is masked; the estimate counts 1 correct of 2 valid rollouts
+    c = core(group_size=3, group_validity="mask", min_valid_group_size=2)
+    c.submit([group("t0", [1.0, -1.0, float("nan")])])
+    est = c.task_stats("t0").estimate
+    assert est.evidence_rollouts == pytest.approx(2.0) and est.seen
