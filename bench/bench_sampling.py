@@ -23,43 +23,61 @@ import numpy as np
 from algos.dapo import classify_groups
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.stats import Stats
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 
 
-def reference_dapo(source, tasks, batches: int, target: int, n: int, gen_batch: int) -> dict:
-    """verl DAPO's accumulate-then-truncate loop; returns rollouts and groups emitted."""
-    order = np.random.default_rng(1).permutation(len(tasks.task_ids))
+def reference_dapo(source, tasks, batches: int, target: int, n: int, gen_batch: int, on_batch=None, seed: int = 1) -> dict:
+    """verl DAPO's accumulate-then-truncate loop; returns rollouts and groups emitted.
+
+    ``on_batch(task_ids)``, when given, is called with the task ids of each emitted batch
+    (the first ``target`` informative groups), e.g. to train a simulated model.
+    """
+    order = np.random.default_rng(seed).permutation(len(tasks.task_ids))
     cursor, rollouts, emitted, discarded = 0, 0, 0, 0
     for _ in range(batches):
-        kept = 0
-        while kept < target:
+        kept: list[str] = []
+        while len(kept) < target:
             ids = [tasks.task_ids[order[(cursor + i) % len(order)]] for i in range(gen_batch)]
             cursor += gen_batch
             groups = source.generate([tasks.get(t) for t in ids], n)
             rollouts += gen_batch * n
             values = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
             keep, _ = classify_groups(values)
-            kept += int(keep.sum())
-        discarded += kept - target
+            kept += [g.task_id for g, k in zip(groups, keep, strict=True) if k]
+        discarded += len(kept) - target
         emitted += target
+        if on_batch is not None:
+            on_batch(kept[:target])
     return {"rollouts": rollouts, "emitted": emitted, "discarded_informative": discarded}
+
+
+def drive_core(core: OrchestratorCore, source, tasks, batches: int, on_batch=None) -> Stats:
+    """Run the orchestrator's plan / roll out / submit / emit loop until ``batches`` batches.
+
+    ``on_batch(task_ids)`` is called with each emitted batch's task ids. Returns the core's stats.
+    """
+    emitted = 0
+    while emitted < batches:
+        batch = core.try_emit()
+        if batch is not None:
+            emitted += 1
+            if on_batch is not None:
+                on_batch([g.task_id for g in batch.groups])
+            continue
+        plan = core.plan_round()
+        groups = source.generate([tasks.get(t) for t in plan.task_ids], core.policy.group_size)
+        for g in groups:
+            g.purpose = plan.purpose
+        core.submit(groups)
+    return core.stats()
 
 
 def ours(source, tasks, batches: int, target: int, n: int, **policy) -> dict:
     core = OrchestratorCore(
         ResamplingPolicy(target_groups=target, group_size=n, filter={"judge": "accuracy"}, **policy), tasks.task_ids
     )
-    emitted = 0
-    while emitted < batches:
-        if core.try_emit() is not None:
-            emitted += 1
-            continue
-        plan = core.plan_round()
-        groups = source.generate([tasks.get(t) for t in plan.task_ids], n)
-        for g in groups:
-            g.purpose = plan.purpose
-        core.submit(groups)
-    s = core.stats()
+    s = drive_core(core, source, tasks, batches)
     return {"rollouts": s.rollouts_total, "emitted": s.groups_emitted, "discarded_informative": 0}
 
 

@@ -58,7 +58,8 @@ def dapo_table(summary: dict) -> Table:
         *[(f"groups dropped: {r}", v) for r, v in s["dropped_by_reason"].items() if v],
         *[(f"groups classified: {r}", v) for r, v in s["classified_by_reason"].items() if v],
         *[(title[k], s[k]) for k in ("rollouts_initial", "rollouts_replenish", "rollouts_wasted", "rollouts_per_emitted_group",
-                                     "keep_ratio")],
+                                     "keep_ratio", "selection", "rounds_predicted_keep_rate", "rounds_realised_keep_rate",
+                                     "rollouts_dropped_share")],
         (title["rounds_per_batch"], ", ".join(map(str, s["rounds_per_batch"]))),
         *[(title[k], s[k]) for k in ("cap_hits", "mean_reward_all", "mean_reward_kept")],
     ]

@@ -55,8 +55,10 @@ import numpy as np
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
 from orchestrator.core.errors import short_repr
 from orchestrator.core.history import TaskHistory
+from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.stats import COUNTERS, BatchStats, Stats, TaskStats
+from orchestrator.core.selection import EpochSelection, InformativeSelection, SelectionContext, TaskSelection
+from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Purpose, UnknownTaskError
 from orchestrator.core.validate import MAX_INT32, check_group
 
@@ -64,6 +66,8 @@ log = logging.getLogger("trinity_dso.core")
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
+OPEN_ROUNDS_KEPT = 64
+"""Planned rounds whose groups are still awaited, kept for the predicted-vs-realised keep rate."""
 
 
 class ReplenishCapError(RuntimeError):
@@ -179,10 +183,17 @@ class OrchestratorCore:
         self._index = {t: i for i, t in enumerate(self.task_ids)}
         self.seed = seed
         self.history = TaskHistory(len(task_ids))
+        self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life)
         self.model_version = 0  # newest model version (model weights) seen
-        # task order
-        self.epoch = 0
-        self.cursor = 0
+        # task order: one selection per mode, each keeps its place while the other is active
+        self.selections: dict[str, TaskSelection] = {
+            "epoch": EpochSelection(len(task_ids), seed, max_idle_epochs=policy.cooldown_epochs + 1),
+            "informative": InformativeSelection(len(task_ids), seed),
+        }
+        # planned rounds awaiting their groups: round key -> counts; task index -> round keys
+        self.open_rounds: dict[str, dict] = {}
+        self.awaited: dict[int, list[str]] = {}
+        self.last_round: dict | None = None
         # the open batch
         self.batch_id = 0
         self.rounds_started = 0
@@ -216,6 +227,8 @@ class OrchestratorCore:
             )
         self.policy = policy
         self.policy_revision += 1
+        self.passrate.half_life = policy.passrate_half_life
+        self.selections["epoch"].max_idle_epochs = policy.cooldown_epochs + 1
         return self.policy_revision
 
     def set_model_version(self, version: int) -> None:
@@ -237,8 +250,31 @@ class OrchestratorCore:
         except TypeError:  # unhashable
             raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
+    @property
+    def selection(self) -> TaskSelection:
+        """The active task selection (``policy.selection``)."""
+        return self.selections[self.policy.selection]
+
+    @property
+    def epoch(self) -> int:
+        """The active selection's epoch (skip-rule cooldowns count in it)."""
+        return self.selection.epoch
+
+    def predicted_informative(self) -> np.ndarray:
+        """(T,) float64: each task's predicted chance that its next group is informative
+        (Beta-Binomial posterior predictive, :mod:`orchestrator.core.passrate`)."""
+        return self.passrate.informativeness(self.model_version, self.policy.group_size)
+
+    def _context(self) -> SelectionContext:
+        p = self.policy
+        return SelectionContext(
+            skip_until_epoch=self.history.skip_until_epoch,
+            informative=self.predicted_informative(),
+            explore=p.selection_explore,
+            sharpness=p.selection_sharpness,
+            revisit_epochs=p.selection_revisit_epochs,
+            max_epochs=p.max_epochs,
+        )
 
     def select_tasks(self, count: int) -> list[str]:
         """Up to ``count`` next tasks (see :meth:`_draw_tasks`), within ``max_epochs`` and the rollout
@@ -250,31 +286,26 @@ class OrchestratorCore:
         self.counters["rollouts_planned"] += len(tasks) * self.policy.group_size
         return tasks
 
-    def _draw_tasks(self, count: int) -> list[str]:
-        """Next ``count`` tasks in epoch order, skipping tasks in a history cooldown.
+    def _draw_tasks(self, count: int, need: float | None = None, ctx: SelectionContext | None = None) -> list[str]:
+        """Up to ``count`` next tasks of the active selection (``policy.selection``).
 
-        Each epoch is a seeded permutation of the task set. A task skipped by the rules
-        ``skip_after_all_correct`` / ``skip_after_all_wrong`` sits out ``cooldown_epochs``.
+        ``epoch``: each epoch is a seeded permutation of the task set. A task skipped by the
+        rules ``skip_after_all_correct`` / ``skip_after_all_wrong`` sits out ``cooldown_epochs``.
         When every task is cooling down, the order moves to the next epoch (at most
-        ``cooldown_epochs + 1`` epochs ahead), so selection always terminates. Nothing is drawn
-        once ``max_epochs`` epochs have passed.
+        ``cooldown_epochs + 1`` epochs ahead), so selection always terminates.
+        ``informative``: see :class:`orchestrator.core.selection.InformativeSelection`; an epoch
+        is as many picks as there are tasks. With ``need`` (informative only), the draw stops
+        once the tasks drawn are predicted to give ``need`` informative groups
+        (:meth:`~orchestrator.core.selection.TaskSelection.fill`).
+
+        Nothing is drawn once ``max_epochs`` epochs have passed, and a draw never enters epoch
+        ``max_epochs`` (the selection stops at its boundary).
         """
-        chosen: list[str] = []
-        idle_epochs = 0
-        while len(chosen) < count and idle_epochs <= self.policy.cooldown_epochs + 1 and not self.epochs_done():
-            rest = self._epoch_order(self.epoch)[self.cursor :]
-            eligible = np.flatnonzero(self.history.skip_until_epoch[rest] <= self.epoch)
-            take = eligible[: count - len(chosen)]
-            chosen.extend(self.task_ids[i] for i in rest[take])
-            idle_epochs = 0 if len(take) else idle_epochs + 1
-            if len(chosen) == count and len(take):
-                self.cursor += int(take[-1]) + 1
-            else:
-                self.cursor = len(self.task_ids)
-            if self.cursor >= len(self.task_ids):
-                self.epoch += 1
-                self.cursor = 0
-        return chosen
+        if self.epochs_done() or count <= 0:
+            return []
+        ctx = ctx if ctx is not None else self._context()
+        idx = self.selection.select(count, ctx) if need is None else self.selection.fill(need, count, ctx)
+        return [self.task_ids[i] for i in idx]
 
     # ------------------------------------------------------------------ end of data
     def epochs_done(self) -> bool:
@@ -349,7 +380,9 @@ class OrchestratorCore:
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
         if missing == 0 or self.exhausted():
             return RoundPlan([], purpose, rnd, self.batch_id)
-        p = max(self.policy.min_keep_rate, self.predicted_keep_rate())
+        ctx = self._context()
+        informative = self.policy.selection == "informative"
+        p = self.policy.min_keep_rate if informative else max(self.policy.min_keep_rate, self.predicted_keep_rate())
         count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
         left = self.rollouts_left()
         if left is not None:
@@ -360,12 +393,65 @@ class OrchestratorCore:
             rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
             take = count - len(task_ids)
             task_ids, self.dropped_task_ids = task_ids + rerolls[:take], rerolls[take:]
-        task_ids += self._draw_tasks(count - len(task_ids))
+        taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        need = missing - float(ctx.informative[taken].sum()) if informative else None
+        task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
         self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
         self.rounds_started += 1
         if rnd > 0:
             self.counters["replenish_rounds"] += 1
+        self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
+
+    def _open_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
+        """Remember a planned round's predicted keep rate until all its groups are submitted."""
+        if not len(idx):
+            return
+        key = f"b{self.batch_id}r{self.rounds_started - 1}"
+        self.open_rounds[key] = {
+            "predicted_keep_rate": float(informative[idx].mean()),
+            "predicted_informative": float(informative[idx].sum()),
+            "tasks": int(len(idx)),
+            "submitted": 0,
+            "informative": 0,
+        }
+        for i in idx.tolist():
+            self.awaited.setdefault(i, []).append(key)
+        while len(self.open_rounds) > OPEN_ROUNDS_KEPT:  # groups never came back: forget the oldest round
+            old = next(iter(self.open_rounds))
+            del self.open_rounds[old]
+            for i in [i for i, keys in self.awaited.items() if old in keys]:
+                self.awaited[i] = [k for k in self.awaited[i] if k != old]
+                if not self.awaited[i]:
+                    del self.awaited[i]
+
+    def _close_rounds(self, idx: np.ndarray, keep: np.ndarray) -> None:
+        """Count submitted groups against the planned rounds awaiting them (oldest round first)."""
+        c = self.counters
+        for i, kept in zip(idx.tolist(), keep.tolist(), strict=True):
+            keys = self.awaited.get(i)
+            if not keys:
+                continue
+            key = keys.pop(0)
+            if not keys:
+                del self.awaited[i]
+            r = self.open_rounds.get(key)
+            if r is None:
+                continue
+            r["submitted"] += 1
+            r["informative"] += int(kept)
+            if r["submitted"] == r["tasks"]:
+                del self.open_rounds[key]
+                c["rounds_completed"] += 1
+                c["round_predicted_informative"] += r["predicted_informative"]
+                c["round_realised_informative"] += r["informative"]
+                c["round_groups"] += r["tasks"]
+                self.last_round = {
+                    "round": key,
+                    "tasks": r["tasks"],
+                    "predicted_keep_rate": r["predicted_keep_rate"],
+                    "realised_keep_rate": r["informative"] / r["tasks"],
+                }
 
     # ------------------------------------------------------------------ submit
     def judge_name(self, group: Group) -> str:
@@ -536,7 +622,10 @@ class OrchestratorCore:
             reasons = np.full(len(groups), GroupReason.INFORMATIVE, dtype=np.int8)
         idx = np.array([self.task_index(g.task_id) for g in groups], dtype=np.int64)
         versions = np.array([int(rollout_versions(g).min()) for g in groups], dtype=np.int64)
-        self.history.update(idx, rewards, valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold), reasons, versions, valid=valid)
+        correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
+        self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
+        self.passrate.observe(idx, correct.sum(axis=1), valid.sum(axis=1), keep, versions)
+        self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, max(int(rollout_versions(g).max()) for g in groups))
         self._apply_skip_rules(np.unique(idx))
 
@@ -635,6 +724,9 @@ class OrchestratorCore:
         for g in self.candidates:
             if not any(g is p for p in padding):
                 self._drop(g, g.reason)
+        if groups:  # trained on next: their pass rates move, so their evidence counts less
+            trained = np.array([self._index[g.task_id] for g in groups], dtype=np.int64)
+            self.passrate.discount(trained, self.policy.passrate_trained_discount)
         c = self.counters
         c["groups_emitted"] += len(groups)
         c["groups_padded"] += len(padding)
@@ -728,13 +820,41 @@ class OrchestratorCore:
             model_version=self.model_version,
             epoch=self.epoch,
             predicted_keep_rate=self.predicted_keep_rate(),
+            selection=self.policy.selection,
+            selection_metrics=self.selection.metrics(),
+            last_round=LastRound(**self.last_round) if self.last_round else None,
+            rollouts_dropped_share=c["rollouts_wasted"] / rollouts if rollouts else None,
+            rounds_predicted_keep_rate=c["round_predicted_informative"] / c["round_groups"] if c["round_groups"] else None,
+            rounds_realised_keep_rate=c["round_realised_informative"] / c["round_groups"] if c["round_groups"] else None,
             replenish_paused=self.policy.replenish_paused,
         )
         return Stats(**c)
 
     def task_stats(self, task_id: str) -> TaskStats:
-        """History of one task. Raises :class:`UnknownTaskError`."""
-        return TaskStats(task_id=task_id, **self.history.row(self.task_index(task_id)))
+        """History of one task, its pass-rate estimate and when it is next eligible.
+
+        ``estimate``: the Beta posterior at the current model version, its mean and the
+        predicted chance that the task's next group is informative. ``next_eligible_epoch``:
+        the first epoch (of the active selection) in which the task may be picked (skip-rule
+        cooldown); with ``informative`` selection, ``revisit_due_in_picks`` says after how many
+        more picks the task is drawn first (0 = due now).
+
+        Raises :class:`UnknownTaskError`.
+        """
+        i = self.task_index(task_id)
+        due_in = None
+        if self.policy.selection == "informative":
+            sel = self.selections["informative"]
+            wait = self.policy.selection_revisit_epochs * len(self.task_ids) - (sel.picks - int(sel.last_pick[i]))
+            due_in = max(0, int(wait))
+        return TaskStats(
+            task_id=task_id,
+            **self.history.row(i),
+            estimate=TaskEstimate(**self.passrate.row(i, self.model_version, self.policy.group_size)),
+            epoch=self.epoch,
+            next_eligible_epoch=max(self.epoch, int(self.history.skip_until_epoch[i])),
+            revisit_due_in_picks=due_in,
+        )
 
     # ------------------------------------------------------------------ state
     def held_groups(self) -> list[Group]:
@@ -751,15 +871,18 @@ class OrchestratorCore:
         """
         held = (lambda gs: [group_to_dict(g) for g in gs]) if payloads else (lambda gs: [g.key for g in gs])
         return {
-            "version": 1,
+            "version": 2,
             "policy": self.policy.model_dump(mode="json"),
             "policy_revision": self.policy_revision,
             "task_ids": list(self.task_ids),
             "seed": self.seed,
             "history": self.history.state_dict(),
             "model_version": self.model_version,
-            "epoch": self.epoch,
-            "cursor": self.cursor,
+            "passrate": self.passrate.state_dict(),
+            "selections": {name: sel.state_dict() for name, sel in self.selections.items()},
+            "open_rounds": {k: dict(v) for k, v in self.open_rounds.items()},
+            "awaited": {str(i): list(keys) for i, keys in self.awaited.items()},
+            "last_round": dict(self.last_round) if self.last_round else None,
             "batch_id": self.batch_id,
             "rounds_started": self.rounds_started,
             "dropped_task_ids": list(self.dropped_task_ids),
@@ -789,9 +912,21 @@ class OrchestratorCore:
         self.policy_revision = state["policy_revision"]
         self.seed = state["seed"]
         self.history.load_state_dict(state["history"])
-        for key in ("model_version", "epoch", "cursor", "batch_id", "rounds_started"):
+        for key in ("model_version", "batch_id", "rounds_started"):
             setattr(self, key, state[key])
+        self.passrate.half_life = self.policy.passrate_half_life
+        self.selections["epoch"].max_idle_epochs = self.policy.cooldown_epochs + 1
+        if "selections" in state:
+            self.passrate.load_state_dict(state["passrate"])
+            for name, sel in self.selections.items():
+                sel.load_state_dict(state["selections"][name])
+            self.open_rounds = {k: dict(v) for k, v in state["open_rounds"].items()}
+            self.awaited = {int(i): list(keys) for i, keys in state["awaited"].items()}
+            self.last_round = dict(state["last_round"]) if state["last_round"] else None
+        else:  # version 1: epoch order only, no estimates
+            self.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
         self.dropped_task_ids = list(state["dropped_task_ids"])
+
         def held(items: list) -> list[Group]:
             return [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
 

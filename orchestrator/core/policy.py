@@ -139,6 +139,36 @@ class ResamplingPolicy(BaseModel):
         "as a bug upstream (it would overflow the group statistics)."
     )
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
+    selection: Literal["epoch", "informative"] = Field(
+        "epoch",
+        description="How tasks are chosen: 'epoch' walks a seeded permutation per epoch (minus skip-rule "
+        "cooldowns); 'informative' draws tasks by their predicted chance of an informative group "
+        "(per-task Beta pass-rate posterior), with exploration and a revisit bound, and sizes each round "
+        "from the predicted keep rate of the tasks drawn.",
+    )
+    selection_explore: float = Field(
+        0.02, ge=0.0, le=1.0,
+        description="'informative': share of the draw probability spread uniformly over eligible tasks (exploration).",
+    )
+    selection_sharpness: float = Field(
+        4.0, gt=0.0, le=64.0,
+        description="'informative': draw weight = predicted informativeness ** sharpness (1 = in proportion).",
+    )
+    selection_revisit_epochs: int = Field(
+        8, ge=1, le=10_000,
+        description="'informative': a task not drawn for this many epochs (epoch = as many draws as tasks) is drawn "
+        "first, so every task is revisited within revisit_epochs + 1 epochs.",
+    )
+    passrate_half_life: float | None = Field(
+        16.0, gt=0.0,
+        description="Model versions after which a task's pass-rate evidence counts half (the model changes); "
+        "None = never forget.",
+    )
+    passrate_trained_discount: float = Field(
+        0.25, ge=0.0, le=1.0,
+        description="Factor on a task's pass-rate evidence each time one of its groups is emitted for training "
+        "(training moves that task's pass rate most); 1 = only the half-life forgets.",
+    )
 
     @model_validator(mode="after")
     def _cross_fields(self) -> ResamplingPolicy:

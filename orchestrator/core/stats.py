@@ -13,7 +13,21 @@ Accounting invariant (checked by the tests)::
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class LastRound(BaseModel):
+    """The last round planned by the orchestrator whose groups have all been submitted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round: str = Field(description="Round tag, 'b<batch>r<round>'.")
+    tasks: int = Field(description="Tasks planned (one group each).")
+    predicted_keep_rate: float = Field(description="Mean predicted informativeness of its tasks when planned (0..1).")
+    realised_keep_rate: float = Field(description="Share of its groups that were informative (0..1).")
+
 
 COUNTERS: tuple[str, ...] = (
     "groups_submitted",
@@ -36,6 +50,10 @@ COUNTERS: tuple[str, ...] = (
     "reward_count_trained",
     "rollouts_masked",
     "rollouts_planned",
+    "rounds_completed",
+    "round_groups",
+    "round_predicted_informative",
+    "round_realised_informative",
 )
 """The cumulative counters the core keeps (``OrchestratorCore.counters``), in :class:`Stats` order."""
 
@@ -106,16 +124,39 @@ class Stats(BaseModel):
     replenish_paused: bool = Field(title="replenish paused")
     policy_revision: int = Field(title="resampling policy revision")
     model_version: int = Field(title="model version", description="Newest model weights version seen.")
-    epoch: int = Field(title="epoch", description="Passes over the task set started.")
+    epoch: int = Field(title="epoch", description="Passes over the task set started (of the active selection).")
     anchor_index_up: bool | None = Field(
         None, title="anchor index (Redis) up",
         description="False during an outage of the Redis anchor index (the orchestrator's health check); null without one.",
     )
     anchor_index_outages: int = Field(0, title="anchor index outages", description="Outages of the Redis anchor index seen.")
+    selection: Literal["epoch", "informative"] = Field(title="task selection", description="policy.selection.")
+    selection_metrics: dict[str, float] = Field(title="task selection state", description="epoch; informative: picks, revisits.")
+    rounds_completed: int = Field(title="planned rounds completed", description="Planned rounds whose groups all came back.")
+    round_groups: int = Field(title="groups of completed planned rounds")
+    round_predicted_informative: float = Field(title="informative groups predicted (completed planned rounds)", description="Sum of predicted chances.")
+    round_realised_informative: int = Field(title="informative groups realised (completed planned rounds)")
+    rounds_predicted_keep_rate: float | None = Field(title="keep rate of planned rounds: predicted", description="round_predicted_informative / round_groups; null before any.")
+    rounds_realised_keep_rate: float | None = Field(title="keep rate of planned rounds: realised", description="round_realised_informative / round_groups; null before any.")
+    last_round: LastRound | None = Field(title="last completed planned round", description="Null before any.")
+    rollouts_dropped_share: float | None = Field(title="share of rollouts on dropped or padding groups", description="rollouts_wasted / rollouts_total; null before any.")
+
+
+class TaskEstimate(BaseModel):
+    """Pass-rate estimate of one task (``orchestrator.core.passrate``) at the current model version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: float = Field(description="Beta posterior parameter: population prior a0 plus decayed correct rollouts.")
+    beta: float = Field(description="Beta posterior parameter: population prior b0 plus decayed incorrect rollouts.")
+    pass_rate_mean: float = Field(description="Posterior mean pass rate alpha / (alpha + beta).")
+    evidence_rollouts: float = Field(description="Decayed rollouts behind the estimate (0 for a task never seen).")
+    predicted_informative: float = Field(description="Predicted chance that its next group of group_size is informative.")
+    seen: bool
 
 
 class TaskStats(BaseModel):
-    """Reward history of one task (``GET /v1/tasks/{id}``)."""
+    """Reward history, pass-rate estimate and eligibility of one task (``GET /v1/tasks/{id}``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -132,3 +173,9 @@ class TaskStats(BaseModel):
     consec_all_wrong: int
     last_model_version: int
     skip_until_epoch: int
+    estimate: TaskEstimate
+    epoch: int = Field(description="The active selection's epoch now.")
+    next_eligible_epoch: int = Field(description="First epoch in which the task may be picked (skip-rule cooldown).")
+    revisit_due_in_picks: int | None = Field(
+        None, description="'informative' selection: picks until the task is drawn first (0 = due now); null otherwise."
+    )

@@ -12,7 +12,7 @@ Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is 
 ``PUT /v1/policy``         replace the whole policy (omitted fields take their defaults)
 ``PATCH /v1/policy``       change some fields (``filter`` merged key by key)
 ``GET /v1/stats``          live counters (``OrchestratorCore.stats()``)
-``GET /v1/tasks/{id}``     one task's reward history (404 for an unknown task)
+``GET /v1/tasks/{id}``     one task's history, pass-rate estimate, next eligible epoch
 ``POST /v1/replenish/pause``   stop starting replenish rounds (a policy change)
 ``POST /v1/replenish/resume``  start them again
 ``GET /metrics``           Prometheus text format (see :mod:`orchestrator.service.metrics`)
@@ -354,7 +354,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskStats, responses={404: {"model": ErrorResponse}}, tags=["stats"])
     async def task(task_id: str) -> TaskStats:
-        """One task's reward history; 404 for a task outside the task set."""
+        """One task's reward history, pass-rate estimate and when it is next eligible; 404 for a task
+        outside the task set."""
         try:
             return await client.call("task_history", task_id)
         except UnknownTaskError as err:

@@ -55,6 +55,14 @@ dso_rollouts_masked_total                counter    members masked (invalid or s
 dso_rollout_staleness_lag_versions       histogram  staleness lag of each trained rollout, in model
                                                     versions (batch's model version - rollout's)
 dso_data_exhausted                       gauge      1 once max_epochs / max_rollouts end the data
+dso_round_keep_rate{kind}                gauge*     last completed round's keep rate, kind = predicted
+                                                    (mean predicted informativeness of its tasks) | realised
+dso_round_groups_total                   counter    groups of completed rounds (planned and submitted)
+dso_round_informative_groups_total{kind} counter    their informative groups, kind = predicted (sum of
+                                                    predicted chances) | realised; ratio of the rates
+                                                    to ``dso_round_groups_total`` = keep rate per window
+dso_rollouts_dropped_ratio               gauge*     share of all rollouts spent on dropped or padding
+                                                    groups (rollouts_wasted / rollouts, cumulative)
 dso_replenish_paused                     gauge      1 while replenishment is paused
 dso_resampling_policy_revision           gauge      revision counter of the resampling policy
 dso_resampling_policy_info{...}          gauge (1)  the resampling policy's settings as labels
@@ -115,6 +123,8 @@ OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupReason)
 DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != GroupReason.INFORMATIVE)
 """Label values of ``reason`` on ``dso_groups_dropped_total``."""
 PURPOSES: tuple[str, ...] = ("initial", "replenish")
+KEEP_KINDS: tuple[str, ...] = ("predicted", "realised")
+"""Label values of ``kind`` on the round keep-rate metrics."""
 REWARD_GROUPS: tuple[str, ...] = ("all", "kept", "trained")
 REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "stats", "delete", "ping", "other")
 """Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
@@ -131,6 +141,7 @@ POLICY_INFO_FIELDS = (
     "max_replenish_rounds",
     "on_cap",
     "replenish",
+    "selection",
     "replenish_paused",
     "min_keep_rate",
     "max_staleness",
@@ -260,12 +271,16 @@ class DSOMetrics:
             "staleness": Histogram(f"{p}_rollout_staleness_lag_versions", "Staleness lag of each trained rollout when its batch was assembled, in model versions.", buckets=LAG_BUCKETS, registry=r),
             "exhausted": Gauge(f"{p}_data_exhausted", "1 once max_epochs or max_rollouts allow no further round, else 0.", registry=r),
             "predicted_keep_rate": Gauge(f"{p}_predicted_keep_rate", "Laplace-smoothed keep rate that sizes the next round (0..1).", registry=r),
+            "round_groups": Counter(f"{p}_round_groups", "Groups of completed rounds (planned by the orchestrator and submitted).", registry=r),
+            "round_informative": Counter(f"{p}_round_informative_groups", "Informative groups of completed rounds: predicted (sum of predicted chances) or realised.", ["kind"], registry=r),
             "optional": OptionalGauges({
                 f"{p}_keep_ratio": ("Share of classified groups that were informative (cumulative, 0..1; absent before any).", None),
                 f"{p}_reward_mean": ("Mean rollout reward (cumulative): all classified groups, kept (informative) groups, trained rollouts; absent while undefined.", "groups"),
                 f"{p}_coverage": ("Trained / generated rollouts (cumulative, 0..1; absent before any).", None),
                 f"{p}_batch_reward_mean": ("Mean rollout reward over the last batch's rounds: all, kept, trained; absent while undefined.", "groups"),
                 f"{p}_batch_coverage": ("Trained / generated rollouts of the last batch (0..1; absent before any).", None),
+                f"{p}_round_keep_rate": ("Keep rate of the last completed round: predicted (mean predicted informativeness of its tasks) or realised (0..1; absent before any).", "kind"),
+                f"{p}_rollouts_dropped_ratio": ("Share of all rollouts spent on dropped or padding groups (cumulative, 0..1; absent before any).", None),
                 **TRAIN_GAUGES,
             }),
             "train_steps": Counter(f"{p}_train_steps", "Train batches (rollout steps) reported by the trainer.", registry=r),
@@ -287,6 +302,8 @@ class DSOMetrics:
         for v in PURPOSES:
             m["rollouts"].labels(purpose=v)
         r.register(m["optional"])
+        for v in KEEP_KINDS:
+            m["round_informative"].labels(kind=v)
         for v in REDIS_OPS:
             m["redis_seconds"].labels(op=v)
             m["redis_errors"].labels(op=v)
@@ -320,6 +337,9 @@ class DSOMetrics:
             self._advance(m["groups_dropped"].labels(reason=reason), f"dropped:{reason}", n)
         self._advance(m["rollouts"].labels(purpose="initial"), "rollouts_initial", stats.rollouts_initial)
         self._advance(m["rollouts"].labels(purpose="replenish"), "rollouts_replenish", stats.rollouts_replenish)
+        self._advance(m["round_groups"], "round_groups", stats.round_groups)
+        self._advance(m["round_informative"].labels(kind="predicted"), "round_predicted", stats.round_predicted_informative)
+        self._advance(m["round_informative"].labels(kind="realised"), "round_realised", stats.round_realised_informative)
         m["groups_held"].set(stats.groups_held)
         m["groups_carried"].set(stats.groups_carried)
         self._advance(m["rollouts_masked"], "rollouts_masked", stats.rollouts_masked)
@@ -328,6 +348,10 @@ class DSOMetrics:
         opt, p = m["optional"], PREFIX
         opt.set(f"{p}_keep_ratio", stats.keep_ratio)
         opt.set(f"{p}_coverage", stats.coverage)
+        opt.set(f"{p}_rollouts_dropped_ratio", stats.rollouts_dropped_share)
+        rnd = stats.last_round
+        opt.set(f"{p}_round_keep_rate", rnd.predicted_keep_rate if rnd else None, "predicted")
+        opt.set(f"{p}_round_keep_rate", rnd.realised_keep_rate if rnd else None, "realised")
         last = stats.last_batch
         opt.set(f"{p}_batch_coverage", last.coverage if last else None)
         for g in REWARD_GROUPS:

@@ -24,9 +24,11 @@ class OrchestratorTaskSelector:
     Each ``get_indices(batch_size)`` (one explore step) hands out exactly ``batch_size`` tasks
     (Trinity reads a fixed number per step): first those left over from earlier plans, then
     the tasks of a new ``plan_round`` of the actor (with ``replenish="same_tasks"`` the tasks
-    dropped in the open batch come first, then tasks in the actor's epoch order minus those in
-    a history cooldown, ``skip_after_all_correct`` / ``skip_after_all_wrong``), topped up with
-    ``select_tasks`` when a plan is short. A plan larger than ``batch_size`` is spread over the
+    dropped in the open batch come first, then tasks of the policy's ``selection``: ``epoch``
+    order minus those in a history cooldown, ``skip_after_all_correct`` /
+    ``skip_after_all_wrong``, or ``informative`` draws by predicted informativeness, the round
+    sized from the drawn tasks' predicted keep rate), topped up with ``select_tasks`` when a
+    plan is short. A plan larger than ``batch_size`` is spread over the
     next explore steps (kept in ``pending`` and in ``state_dict``), so no planned task is lost
     from the epoch order.
 

@@ -113,3 +113,35 @@ def test_sink_database_file_alone_holds_written_batches(tmp_path):
     shutil.copy(tmp_path / "b.db", tmp_path / "copy.db")  # the main file only, no -wal
     rows = sqlite3.connect(tmp_path / "copy.db").execute("SELECT COUNT(*) FROM experiences").fetchone()
     assert rows == (2,)
+
+
+def test_restart_mid_epoch_restores_estimates_and_selection_exactly(ray_local, tmp_path):
+    import json
+
+    from orchestrator.core.machine import OrchestratorCore
+    from orchestrator.core.policy import ResamplingPolicy
+
+    tasks = [f"u{i}" for i in range(12)]
+    # varied pass rates: some always mixed, some all wrong, some all correct, some alternating
+    patterns = [[MIXED], [WRONG], [[1.0, 1.0]], [MIXED, WRONG]]
+    script = {t: patterns[i % 4] for i, t in enumerate(tasks)}
+    path = tmp_path / "s.json"
+    kwargs = dict(checkpoint_path=str(path), name="dso-restart-informative", seed=3)
+    policy = {"target_groups": 3, "group_size": 2, "selection": "informative"}
+    a = get_or_create_orchestrator(policy, ScriptedTasks(tasks), ScriptedRolloutSource(script), **kwargs)
+    ray.get(a.next_batch.remote())
+    ray.get(a.set_model_version.remote(2))
+    ray.get(a.select_tasks.remote(1))  # a top-up pick: the selection stands mid-epoch
+    before = ray.get(a.state_dict.remote())
+    assert before["selections"]["informative"]["picks"] % len(tasks) != 0
+    ray.kill(a)
+    b = get_or_create_orchestrator(policy, ScriptedTasks(tasks), ScriptedRolloutSource(script), **kwargs)
+    assert ray.get(b.state_dict.remote()) == before
+    # the restarted actor plans exactly what the saved state plans
+    reference = OrchestratorCore(ResamplingPolicy.parse(policy), tasks, seed=3)
+    held = {k: None for k in before["carry"] + before["candidates"]}  # planning reads only how many are held
+    reference.load_state_dict(json.loads(json.dumps(before)), groups=held)
+    assert ray.get(b.plan_round.remote()) == reference.plan_round()
+    row = ray.get(b.task_history.remote("u1"))
+    assert row.estimate.seen == (before["history"]["groups"][1] > 0)
+    ray.kill(b)

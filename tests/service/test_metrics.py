@@ -161,6 +161,28 @@ def test_staleness_lag_histogram_counts_trained_rollouts():
     assert value(s, "dso_rollout_staleness_lag_versions_bucket", le="2.0") == 2
 
 
+def test_round_keep_rates_predicted_against_realised_and_dropped_share():
+    tasks = ScriptedTasks(["t0", "t1"])
+    source = ScriptedRolloutSource({"t0": [WRONG, MIXED], "t1": [WRONG, MIXED]})
+    core = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=2, min_keep_rate=1.0), tasks.task_ids)
+    m = DSOMetrics()
+    m.update(core.stats(), core.policy)
+    s = samples(m.exposition())
+    assert value(s, "dso_round_informative_groups_total", kind="predicted") == 0
+    assert ("dso_round_keep_rate", frozenset({("kind", "realised")})) not in s  # absent before any round
+    assert ("dso_rollouts_dropped_ratio", frozenset()) not in s
+    run_core_batch(core, source, tasks, m)
+    s = samples(m.exposition())
+    # round 0: nothing seen, uniform prior, 1 - 2/3 = 1/3 predicted per task, both all wrong;
+    # round 1: the prior learnt from two all-wrong first groups predicts ~0, both informative
+    assert value(s, "dso_round_groups_total") == 4
+    assert value(s, "dso_round_informative_groups_total", kind="realised") == 2
+    assert value(s, "dso_round_informative_groups_total", kind="predicted") == pytest.approx(2 / 3, abs=1e-3)
+    assert value(s, "dso_round_keep_rate", kind="realised") == 1.0
+    assert value(s, "dso_round_keep_rate", kind="predicted") == pytest.approx(0.0, abs=1e-3)
+    assert value(s, "dso_rollouts_dropped_ratio") == 0.5  # 4 wasted of 8
+
+
 def test_a_snapshot_going_backwards_never_decreases_a_counter():
     m = DSOMetrics()
     m.update(snapshot(batches_emitted=5))

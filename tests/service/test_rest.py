@@ -260,3 +260,30 @@ def test_cli_assignments_parse_to_nested_typed_values():
     for bad in ("target_groups", "=4", "filter.=1"):
         with pytest.raises(typer.BadParameter, match="KEY=VALUE"):
             parse_assignments([bad])
+
+
+def test_selection_switched_over_rest_mid_run(svc, http):
+    tasks = [f"t{i}" for i in range(8)]
+    script = {t: [MIXED] if i % 2 else [WRONG] for i, t in enumerate(tasks)}
+    orch = svc.orchestrator({"target_groups": 2, "group_size": 2}, script, tasks=tasks)
+    ray.get(orch.next_batch.remote())
+    epoch_stats = http.get("/v1/stats").json()
+    assert epoch_stats["selection"] == "epoch"
+    r = http.patch("/v1/policy", json={"selection": "informative", "selection_explore": 0.0}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["policy"]["selection"] == "informative"
+    ray.get(orch.next_batch.remote())
+    s = http.get("/v1/stats").json()
+    assert s["selection"] == "informative" and s["selection_metrics"]["picks"] > 0
+    assert s["last_round"]["predicted_keep_rate"] is not None
+    row = http.get("/v1/tasks/t1").json()
+    assert row["estimate"]["seen"] and 0.0 <= row["estimate"]["predicted_informative"] <= 1.0
+    assert row["revisit_due_in_picks"] is not None and row["next_eligible_epoch"] >= row["epoch"]
+    metrics = http.get("/metrics").text
+    assert 'dso_round_keep_rate{kind="realised"}' in metrics and "dso_rollouts_dropped_ratio" in metrics
+    assert 'selection="informative"' in metrics  # the policy info labels
+
+
+def test_invalid_selection_over_rest_is_422_naming_the_field(orch, http):
+    r = http.patch("/v1/policy", json={"selection": "greedy"}, headers=AUTH)
+    assert r.status_code == 422 and "selection" in r.text
+    assert http.get("/v1/policy").json()["policy"]["selection"] == "epoch"

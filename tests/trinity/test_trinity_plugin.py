@@ -446,3 +446,22 @@ def test_dotted_path_route_works_in_a_fresh_process_without_the_shim(tmp_path):
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split()[-3:] == ["orchestrator.trinity.loss.DsoClipHigherPolicyLossFn", "OrchestratorOperator", "16"]
+
+
+def test_selector_draws_by_informativeness_when_the_policy_says_so(ray_local):
+    from trinity.buffer.reader.file_reader import _HFBatchReader
+    from trinity.buffer.selector import SELECTORS
+    from trinity.common.config import DataSelectorConfig
+
+    name = f"dso-sel-{uuid.uuid4().hex[:8]}"
+    reader = _HFBatchReader([{"q": i} for i in range(5)], name="t", default_batch_size=3, enable_progress_bar=False)
+    policy = {"group_size": 2, "target_groups": 1, "selection": "informative"}
+    cfg = DataSelectorConfig(selector_type="dso_orchestrator", seed=0, kwargs={"actor_name": name, "namespace": "trinity-dso", "policy": policy})
+    sel = SELECTORS.get("dso_orchestrator")(reader, cfg)
+    # nothing seen: predicted informativeness 1 - 2/3 = 1/3 per task, one group missing -> a plan of 3
+    first = sel.get_indices(3)
+    assert len(set(first)) == 3 and sel.pending == []
+    actor = ray_local.get_actor(name, namespace="trinity-dso")
+    stats = ray_local.get(actor.get_stats.remote())
+    assert stats.selection == "informative" and stats.selection_metrics["picks"] == 3
+    ray_local.kill(actor)

@@ -1,0 +1,259 @@
+"""Task selection: which tasks the next round rolls out.
+
+A small extension point (a base class with ``state_dict`` / ``load_state_dict`` /
+``metrics``, as prime-rl's curriculum buffers and Trinity's ``BaseSelector``) and two modes,
+chosen by the resampling policy's ``selection`` field:
+
+* ``epoch`` - each epoch a seeded permutation of the task set, tasks in a skip-rule cooldown
+  left out (the orchestrator's original order).
+* ``informative`` - tasks drawn with probability growing with their predicted chance of an
+  informative group (:mod:`orchestrator.core.passrate`), mixed with uniform exploration, every
+  task revisited within a bounded number of epochs, and each round sized from the predicted
+  keep rate of the tasks actually drawn.
+
+Pure numpy, no I/O. Randomness is a counter-based stream (``default_rng([seed, kind, draw])``),
+so the state is a few integers and a checkpoint restores the exact next draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SelectionContext:
+    """What a selection reads from the orchestrator when it picks.
+
+    Attributes:
+        skip_until_epoch: (T,) int64. A task is eligible when this is <= the selection's epoch.
+        informative: (T,) float64 in [0, 1]. Predicted chance each task's next group is informative.
+        explore: share of the draw probability spread uniformly over eligible tasks (``informative``).
+        sharpness: exponent on the predicted informativeness in the draw weights (``informative``).
+        revisit_epochs: a task not drawn for this many epochs is drawn first (``informative``).
+        max_epochs: no task is drawn in epoch ``max_epochs`` or later (end of data); None = no end.
+    """
+
+    skip_until_epoch: np.ndarray
+    informative: np.ndarray
+    explore: float = 0.1
+    sharpness: float = 1.0
+    revisit_epochs: int = 4
+    max_epochs: int | None = None
+
+
+class TaskSelection:
+    """Base class of a task-selection mode.
+
+    Subclasses implement :meth:`select` (exactly ``count`` tasks when enough are eligible)
+    and may override :meth:`fill` (a round: enough tasks for ``need`` expected informative
+    groups). ``epoch`` is the pass over the task set the selection is in; skip-rule cooldowns
+    are counted in it, and no draw enters epoch ``ctx.max_epochs``.
+    """
+
+    name = "base"
+
+    def __init__(self, num_tasks: int, seed: int = 0):
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks: the task set is empty ({num_tasks})")
+        self.num_tasks = num_tasks
+        self.seed = seed
+
+    @property
+    def epoch(self) -> int:
+        raise NotImplementedError
+
+    def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
+        """(k,) int64 task indices, k <= count, distinct within the call."""
+        raise NotImplementedError
+
+    def fill(self, need: float, limit: int, ctx: SelectionContext) -> np.ndarray:
+        """Tasks for a round expected to give ``need`` informative groups, at most ``limit``.
+
+        The base rule draws ``limit`` tasks (the caller sized ``limit`` from a keep rate).
+        """
+        return self.select(limit, ctx)
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Plain numbers for stats and Prometheus."""
+        return {"epoch": float(self.epoch)}
+
+
+class EpochSelection(TaskSelection):
+    """Epoch order: a seeded permutation per epoch, tasks in a skip-rule cooldown left out.
+
+    When every remaining task is cooling down the order moves to the next epoch, at most
+    ``cooldown_epochs + 1`` epochs ahead of the last pick (the caller passes it as
+    ``max_idle_epochs``), so selection always terminates.
+    """
+
+    name = "epoch"
+
+    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
+        super().__init__(num_tasks, seed)
+        self._epoch = 0
+        self.cursor = 0
+        self.max_idle_epochs = max_idle_epochs
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """(T,) int64: the permutation of epoch ``epoch`` (``default_rng([seed, epoch])``)."""
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)
+
+    def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
+        chosen: list[np.ndarray] = []
+        got = idle = 0
+        while got < count and idle <= self.max_idle_epochs and (ctx.max_epochs is None or self._epoch < ctx.max_epochs):
+            rest = self.order(self._epoch)[self.cursor :]
+            eligible = np.flatnonzero(ctx.skip_until_epoch[rest] <= self._epoch)
+            take = eligible[: count - got]
+            chosen.append(rest[take])
+            got += len(take)
+            idle = 0 if len(take) else idle + 1
+            if got == count and len(take):
+                self.cursor += int(take[-1]) + 1
+            else:
+                self.cursor = self.num_tasks
+            if self.cursor >= self.num_tasks:
+                self._epoch += 1
+                self.cursor = 0
+        return np.concatenate(chosen).astype(np.int64) if chosen else np.zeros(0, dtype=np.int64)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+
+
+def draw_weights(informative: np.ndarray, eligible: np.ndarray, explore: float, sharpness: float) -> np.ndarray:
+    """Draw probabilities: ``(1 - explore) * w / sum(w) + explore / |eligible|``, ``w = I ** sharpness``.
+
+    Args:
+        informative: (T,) float64 in [0, 1]. Predicted informativeness I per task.
+        eligible: (T,) bool.
+        explore: in [0, 1]. With no informativeness anywhere (``sum(w) == 0``) the draw is uniform.
+        sharpness: > 0. 1 draws in proportion to I; larger values concentrate on the best tasks.
+    Returns:
+        (T,) float64, summing to 1 over eligible tasks, 0 elsewhere (all 0 if none is eligible).
+    """
+    k = int(eligible.sum())
+    q = np.zeros(len(informative), dtype=np.float64)
+    if k == 0:
+        return q
+    w = np.where(eligible, np.asarray(informative, dtype=np.float64) ** sharpness, 0.0)
+    total = w.sum()
+    uniform = eligible / k
+    if total <= 0:
+        return uniform.astype(np.float64)
+    return (1.0 - explore) * w / total + explore * uniform
+
+
+def weighted_order(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random order of the tasks with q > 0, drawn one at a time with probability
+    proportional to q among those not yet drawn (Efraimidis and Spirakis 2006, "Weighted random
+    sampling with a reservoir": sort by ``u ** (1 / q)``, here its log ``log(u) / q``).
+
+    Args:
+        q: (T,) float64 >= 0.
+    Returns:
+        (k,) int64 indices of the k tasks with q > 0, first drawn first.
+    """
+    idx = np.flatnonzero(q > 0)
+    keys = np.log(rng.random(len(idx))) / q[idx]
+    return idx[np.argsort(-keys, kind="stable")]
+
+
+class InformativeSelection(TaskSelection):
+    """Draw tasks by predicted informativeness, with exploration and a revisit bound.
+
+    Order of a round: first the *due* tasks (eligible, not drawn for ``revisit_epochs``
+    epochs of picks, oldest first), then a weighted random order (:func:`weighted_order` with
+    :func:`draw_weights`). :meth:`fill` takes the shortest prefix of that order whose summed
+    predicted informativeness reaches ``need``, at most ``limit`` tasks.
+
+    An epoch is ``T`` picks (T tasks); so every eligible task is drawn at least once every
+    ``revisit_epochs + 1`` epochs (due tasks go first, and at most T can be due).
+
+    State: ``picks`` (tasks drawn so far), ``draws`` (rounds drawn, the random stream's
+    counter) and ``last_pick`` ((T,) int64, ``picks`` when each task was last drawn; 0 at start).
+    """
+
+    name = "informative"
+
+    def __init__(self, num_tasks: int, seed: int = 0):
+        super().__init__(num_tasks, seed)
+        self.picks = 0
+        self.draws = 0
+        self.last_pick = np.zeros(num_tasks, dtype=np.int64)
+        self.revisits = 0  # due tasks drawn (counter)
+
+    @property
+    def epoch(self) -> int:
+        return self.picks // self.num_tasks
+
+    def due(self, ctx: SelectionContext) -> np.ndarray:
+        """(T,) bool: eligible tasks not drawn for ``revisit_epochs`` epochs of picks."""
+        eligible = ctx.skip_until_epoch <= self.epoch
+        return eligible & (self.picks - self.last_pick >= ctx.revisit_epochs * self.num_tasks)
+
+    def order(self, ctx: SelectionContext) -> tuple[np.ndarray, int]:
+        """(order, n_due): due tasks oldest first, then the weighted random order of the rest."""
+        eligible = ctx.skip_until_epoch <= self.epoch
+        due = self.due(ctx)
+        due_idx = np.flatnonzero(due)
+        due_idx = due_idx[np.argsort(self.last_pick[due_idx], kind="stable")]
+        rng = np.random.default_rng([self.seed, 1, self.draws])
+        self.draws += 1
+        q = draw_weights(ctx.informative, eligible & ~due, ctx.explore, ctx.sharpness)
+        return np.concatenate([due_idx, weighted_order(q, rng)]).astype(np.int64), len(due_idx)
+
+    def left(self, count: int, ctx: SelectionContext) -> int:
+        """``count``, capped so the picks do not enter epoch ``ctx.max_epochs``."""
+        if ctx.max_epochs is None:
+            return count
+        return max(0, min(count, ctx.max_epochs * self.num_tasks - self.picks))
+
+    def _take(self, chosen: np.ndarray, n_due: int) -> np.ndarray:
+        self.revisits += min(n_due, len(chosen))
+        self.picks += len(chosen)
+        self.last_pick[chosen] = self.picks
+        return chosen
+
+    def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
+        order, n_due = self.order(ctx)
+        return self._take(order[: self.left(count, ctx)], n_due)
+
+    def fill(self, need: float, limit: int, ctx: SelectionContext) -> np.ndarray:
+        """Shortest prefix of :meth:`order` with ``sum(I) >= need``, at most ``limit`` tasks (>= 1
+        when ``need > 0`` and a task is eligible)."""
+        order, n_due = self.order(ctx)
+        if need <= 0 or limit <= 0:
+            return self._take(order[:0], n_due)
+        cum = np.cumsum(ctx.informative[order])
+        count = int(np.searchsorted(cum, need - 1e-12)) + 1
+        return self._take(order[: self.left(min(count, limit), ctx)], n_due)
+
+    def state_dict(self) -> dict:
+        return {"picks": self.picks, "draws": self.draws, "revisits": self.revisits, "last_pick": self.last_pick.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        last = np.asarray(state["last_pick"], dtype=np.int64)
+        if last.shape != (self.num_tasks,):
+            raise ValueError(f"selection.last_pick: expected {self.num_tasks} tasks, got shape {last.shape}")
+        self.picks, self.draws, self.revisits = int(state["picks"]), int(state["draws"]), int(state["revisits"])
+        self.last_pick = last
+
+    def metrics(self) -> dict[str, float]:
+        return {"epoch": float(self.epoch), "picks": float(self.picks), "revisits": float(self.revisits)}
