@@ -6,7 +6,9 @@ thin shell that feeds it rollouts and forwards its batches.
 Life of a batch::
 
     plan_round()  -> RoundPlan (round 0 'initial', then 'replenish' rounds 1, 2, ...)
-    submit(groups) -> each group classified (algos.dapo.classify_groups):
+    submit(groups) -> one round: 'initial' when it is the open batch's first, else 'replenish'
+                      (counted here, so a round means the same whoever planned it);
+                      each group classified (algos.dapo.classify_groups):
                       informative -> carry pool; otherwise -> padding candidates / dropped
     try_emit()    -> Batch of exactly target_groups when the carry pool holds enough
     cap_reached() -> close_at_cap(): pad | partial | raise, per policy.on_cap
@@ -95,8 +97,12 @@ class OrchestratorCore:
         self.cursor = 0
         # the open batch
         self.batch_id = 0
-        self.rounds_started = 0
+        self.rounds_started = 0  # rounds planned for the open batch (cap, same_tasks)
+        self.rounds_submitted = 0  # rounds submitted into the open batch (purpose, counters)
         self.dropped_task_ids: list[str] = []
+        # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
+        self.in_flight: list[str] = []
+        self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
         self.carry: list[Group] = []
         self.candidates: list[Group] = []
         # counters (cumulative)
@@ -200,9 +206,43 @@ class OrchestratorCore:
             task_ids, self.dropped_task_ids = rerolls[:count], rerolls[count:]
         task_ids += self.select_tasks(count - len(task_ids))
         self.rounds_started += 1
-        if rnd > 0:
-            self.counters["replenish_rounds"] += 1
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
+
+    def next_tasks(self, count: int) -> list[str]:
+        """Exactly ``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
+
+        Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then with
+        ``replenish='same_tasks'`` this batch's dropped tasks (not those a skip rule has just
+        put in cooldown), then fresh tasks in epoch order (:meth:`select_tasks`). Every task
+        handed out stays "in flight" until its group is submitted.
+
+        Raises:
+            ValueError: ``count`` < 1.
+        """
+        if count < 1:
+            raise ValueError(f"count: must be >= 1, got {count}")
+        tasks, self.requeued = self.requeued[:count], self.requeued[count:]
+        if self.policy.replenish == "same_tasks" and len(tasks) < count:
+            skip_until = self.history.skip_until_epoch
+            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
+            take = rerolls[: count - len(tasks)]
+            tasks += take
+            self.dropped_task_ids = rerolls[len(take):]
+        while len(tasks) < count:  # select_tasks may fall short when every task cools down
+            more = self.select_tasks(count - len(tasks))
+            tasks += more if more else self.task_ids[: count - len(tasks)]
+        self.in_flight.extend(tasks)
+        return tasks
+
+    def requeue_in_flight(self) -> list[str]:
+        """Hand the in-flight tasks out again first: their explorer restarted before their groups came back.
+
+        Returns:
+            the requeued task ids (oldest first).
+        """
+        moved, self.in_flight = self.in_flight, []
+        self.requeued = moved + self.requeued
+        return list(moved)
 
     # ------------------------------------------------------------------ submit
     def _judged(self, group: Group) -> list[float]:
@@ -283,6 +323,14 @@ class OrchestratorCore:
 
         c = self.counters
         n = self.policy.group_size
+        purpose: Purpose = "initial" if self.rounds_submitted == 0 else "replenish"
+        if purpose == "replenish":
+            c["replenish_rounds"] += 1
+        rnd = self.rounds_submitted
+        self.rounds_submitted += 1
+        for g in groups:
+            if g.task_id in self.in_flight:
+                self.in_flight.remove(g.task_id)
         c["groups_submitted"] += len(groups)
         c["groups_kept_classified"] += int(keep.sum())
         c["reward_sum_all"] += float(rewards.sum())
@@ -291,8 +339,9 @@ class OrchestratorCore:
         c["reward_count_kept"] += int(keep.sum()) * n
         for g, code in zip(groups, reasons):
             g.reason = GroupReason(int(code)).label
+            g.purpose, g.round = purpose, rnd
             self.classified_by_reason[g.reason] += 1
-            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += n
+            c["rollouts_initial" if purpose == "initial" else "rollouts_replenish"] += n
             if code == GroupReason.INFORMATIVE:
                 self.carry.append(g)
             else:
@@ -351,11 +400,12 @@ class OrchestratorCore:
         c["rollouts_wasted"] += sum(len(g.rollouts) for g in padding)
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
-        rounds = max(0, self.rounds_started - 1)
+        rounds = max(0, self.rounds_submitted - 1)
         self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
         batch = Batch(self.batch_id, groups + padding, partial=partial, rounds=rounds, model_version=self.model_version)
         self.batch_id += 1
         self.rounds_started = 0
+        self.rounds_submitted = 0
         self.dropped_task_ids = []
         self.candidates = []
         return batch
@@ -386,7 +436,7 @@ class OrchestratorCore:
         if p.on_cap == "raise":
             raise ReplenishCapError(
                 f"max_replenish_rounds: batch {self.batch_id} has {len(kept)} of {p.target_groups} informative "
-                f"groups after {max(0, self.rounds_started - 1)} replenish rounds (cap {p.max_replenish_rounds})"
+                f"groups after {max(0, self.rounds_submitted - 1)} replenish rounds (cap {p.max_replenish_rounds})"
             )
         self.counters["cap_hits"] += 1
         self.carry = self.carry[len(kept) :]
@@ -443,6 +493,9 @@ class OrchestratorCore:
             "cursor": self.cursor,
             "batch_id": self.batch_id,
             "rounds_started": self.rounds_started,
+            "rounds_submitted": self.rounds_submitted,
+            "in_flight": list(self.in_flight),
+            "requeued": list(self.requeued),
             "dropped_task_ids": list(self.dropped_task_ids),
             "carry": [group_to_dict(g) for g in self.carry],
             "candidates": [group_to_dict(g) for g in self.candidates],
@@ -462,6 +515,9 @@ class OrchestratorCore:
         self.history.load_state_dict(state["history"])
         for key in ("model_version", "epoch", "cursor", "batch_id", "rounds_started"):
             setattr(self, key, state[key])
+        self.rounds_submitted = int(state.get("rounds_submitted", self.rounds_started))
+        self.in_flight = list(state.get("in_flight", []))
+        self.requeued = list(state.get("requeued", []))
         self.dropped_task_ids = list(state["dropped_task_ids"])
         self.carry = [group_from_dict(g) for g in state["carry"]]
         self.candidates = [group_from_dict(g) for g in state["candidates"]]

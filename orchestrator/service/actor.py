@@ -61,6 +61,14 @@ class PolicyConflictError(ValueError):
     """A policy write based on a stale revision (the REST layer maps it to 409)."""
 
 
+class PinnedPolicyError(PolicyConflictError):
+    """A policy write that would change a field an attached run has pinned (409, naming the field)."""
+
+
+class RunConflictError(RuntimeError):
+    """A second run (or a different task set) tried to attach to an orchestrator that serves another run."""
+
+
 class Orchestrator:
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
@@ -107,6 +115,8 @@ class Orchestrator:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
+        # the Trinity run this orchestrator serves (attach_run): run id, pinned policy fields, sessions
+        self.attachment: dict[str, Any] = {}
         self.anchors: AnchorIndexOwner | None = None
         if anchor_index is not None:
             self.anchors = AnchorIndexOwner(
@@ -115,6 +125,7 @@ class Orchestrator:
         if self.checkpoint_path and self.checkpoint_path.exists():
             saved = json.loads(self.checkpoint_path.read_text())
             self.core.load_state_dict(saved)
+            self.attachment = dict(saved.get("attachment") or {})
             if self.anchors is not None:
                 self.anchors.load_state_dict(saved)
             log.warning(
@@ -143,6 +154,7 @@ class Orchestrator:
         tmp = self.checkpoint_path.with_suffix(".tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
         state = self.core.state_dict()
+        state["attachment"] = self.attachment
         if self.anchors is not None:
             state.update(self.anchors.state_dict())
         tmp.write_text(json.dumps(state))
@@ -248,6 +260,70 @@ class Orchestrator:
         self._checkpoint()
         return tasks
 
+    def next_tasks(self, count: int) -> list[str]:
+        """Exactly ``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``)."""
+        tasks = self.core.next_tasks(count)
+        self._checkpoint()
+        return tasks
+
+    # ------------------------------------------------------------- attached runs
+    def attach_run(self, run: str, *, session: str, role: str, num_tasks: int | None = None, pinned: dict | None = None,
+                   pinned_by: str = "") -> dict:
+        """Attach a component of a Trinity run (its task selector or pipeline operator).
+
+        One orchestrator serves one run: the first attach binds it (and is checkpointed);
+        later attaches of the same run - the other component, or the same run resumed after
+        an explorer restart - are accepted. A new ``session`` of the selector means a new
+        explorer process: the tasks the previous one took but never returned are handed out
+        again first (none re-rolled that came back, none skipped).
+
+        ``pinned`` fields (``group_size``, ``target_groups``: what Trinity's trainer batch size
+        is built from) are set in the policy now and refused afterwards by :meth:`set_policy`.
+
+        Args:
+            run: the run's id (``<project>/<name>``).
+            session: one id per explorer process (the selector makes one at start).
+            role: ``"selector"`` or ``"operator"`` (for the log and the returned record).
+            num_tasks: rows of the run's training taskset (None: not checked).
+            pinned: policy fields the run depends on.
+            pinned_by: why, for error messages (e.g. the Trinity fields they come from).
+        Returns:
+            ``{"run", "pinned", "requeued": [task ids handed out again]}``.
+        Raises:
+            RunConflictError: the orchestrator serves another run, or its task set has another size.
+            InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
+        """
+        bound = self.attachment.get("run")
+        if bound is not None and bound != run:
+            raise RunConflictError(
+                f"run: orchestrator serves run {bound!r}; run {run!r} must use its own actor_name "
+                "(one orchestrator per run, so that each run's groups, history and metrics stay apart)"
+            )
+        if num_tasks is not None and len(self.core.task_ids) != int(num_tasks):
+            raise RunConflictError(
+                f"num_tasks: run {run!r} has {num_tasks} tasks but this orchestrator was created with "
+                f"{len(self.core.task_ids)}; use another actor_name or delete its checkpoint"
+            )
+        pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
+        changes = {k: v for k, v in pinned.items() if getattr(self.core.policy, k) != v}
+        self.attachment.update(run=run, pinned=pinned, pinned_by=pinned_by)
+        if changes:
+            self._apply_policy(self.core.policy.updated(changes), changes)
+        requeued: list[str] = []
+        if role == "selector" and self.attachment.get("selector_session") != session:
+            if self.attachment.get("selector_session") is not None:
+                requeued = self.core.requeue_in_flight()
+                log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
+                            run, session, len(requeued))
+            self.attachment["selector_session"] = session
+        log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
+        self._checkpoint()
+        return {"run": run, "pinned": dict(pinned), "requeued": requeued}
+
+    def attachment_info(self) -> dict:
+        """The attached run, its pinned policy fields and their reason (``{}`` when none)."""
+        return dict(self.attachment)
+
     # ------------------------------------------------------------- policy & views
     def get_policy(self) -> dict:
         """``{"revision": int, "policy": dict}``."""
@@ -268,6 +344,18 @@ class Orchestrator:
                 f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
+        pinned = self.attachment.get("pinned") or {}
+        broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
+                  for k, v in pinned.items() if getattr(new, k) != v]
+        if broken:
+            raise PinnedPolicyError(
+                "; ".join(broken) + f" ({self.attachment.get('pinned_by') or 'the trainer batch size depends on it'}); "
+                "the policy is unchanged"
+            )
+        self._apply_policy(new, changes)
+        return self.get_policy()
+
+    def _apply_policy(self, new: ResamplingPolicy, changes: dict) -> None:
         try:
             self.core.set_policy(new)
         except ValueError as err:
@@ -275,7 +363,6 @@ class Orchestrator:
         log.info("policy revision %d: %s", self.core.policy_revision, changes)
         self._checkpoint()
         self._observe()
-        return self.get_policy()
 
     def pause_replenish(self) -> dict:
         return self.set_policy({"replenish_paused": True})
@@ -295,7 +382,7 @@ class Orchestrator:
         return self.core.task_stats(task_id)
 
     def state_dict(self) -> dict:
-        return self.core.state_dict()
+        return {**self.core.state_dict(), "attachment": dict(self.attachment)}
 
     def ping(self) -> str:
         return "ok"

@@ -7,9 +7,7 @@ from typing import Any
 
 import ray
 
-from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, get_or_create_orchestrator
-from orchestrator.trinity.attach import IndexTaskSet, _namespace
+from orchestrator.trinity.attach import AttachConfig, attach_args, create_orchestrator, new_session
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -21,72 +19,64 @@ class OrchestratorTaskSelector:
     (``get_indices``, ``feedback``, ``state_dict``, ``load_state_dict``) without subclassing
     it, so this module imports without Trinity's file reader (which needs ``datasets``).
 
-    Each ``get_indices(batch_size)`` (one explore step) hands out exactly ``batch_size`` tasks
-    (Trinity reads a fixed number per step): first those left over from earlier plans, then
-    the tasks of a new ``plan_round`` of the actor (with ``replenish="same_tasks"`` the tasks
-    dropped in the open batch come first, then tasks in the actor's epoch order minus those in
-    a history cooldown, ``skip_after_all_correct`` / ``skip_after_all_wrong``), topped up with
-    ``select_tasks`` when a plan is short. A plan larger than ``batch_size`` is spread over the
-    next explore steps (kept in ``pending`` and in ``state_dict``), so no planned task is lost
-    from the epoch order.
+    At construction it creates the orchestrator actor when absent (detached, checkpointed,
+    with metrics: every setting from ``config.kwargs``, an :class:`AttachConfig`) and attaches
+    the run to it with a new session id. Each ``get_indices(batch_size)`` (one explore step)
+    is one ``next_tasks`` call: exactly ``batch_size`` tasks (Trinity reads a fixed number per
+    step): tasks a previous explorer process took but never returned first, then with
+    ``replenish="same_tasks"`` this batch's dropped tasks, then fresh tasks in the actor's
+    epoch order minus those in a history cooldown.
 
-    Creates the actor (named ``actor_name`` in the run's namespace, task ids ``"0" .. N-1``)
-    when it does not exist yet.
+    The task frontier lives in the actor's checkpoint, not in Trinity's explorer checkpoint
+    (which is written only at weight syncs and so lags behind): after a restart the actor
+    knows which tasks came back (consumed: never handed out again in this epoch) and which
+    did not (handed out again first). ``state_dict`` therefore only reports a count.
+
+    Blocking: Trinity calls ``get_indices`` synchronously from inside its async taskset
+    ``read`` (``FileReader._read_sync``), so the one actor call per explore step is a bounded
+    ``ray.get`` (``actor_timeout_s``) on an actor method that does no I/O but a small JSON
+    checkpoint write; there is no way for a synchronous method to yield to the loop.
 
     Args:
         data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
-        config: Trinity's ``DataSelectorConfig``; ``config.seed`` seeds the task order and
-            ``config.kwargs`` may hold ``actor_name``, ``namespace`` and ``policy``.
+        config: Trinity's ``DataSelectorConfig``; ``config.seed`` seeds the task order (unless
+            ``kwargs.seed`` is set) and ``config.kwargs`` is an :class:`AttachConfig`.
+    Raises:
+        ValueError: invalid ``kwargs`` (the field is named).
+        orchestrator.service.actor.RunConflictError: the actor serves another run.
     """
 
     def __init__(self, data_source: Any, config: Any) -> None:
         kwargs = dict(getattr(config, "kwargs", None) or {})
+        kwargs.setdefault("seed", int(getattr(config, "seed", 0) or 0))
+        self.settings = AttachConfig.parse(kwargs, "data_selector.kwargs")
         self.dataset_size = int(data_source.dataset_size)
-        self.actor_name = kwargs.get("actor_name", DEFAULT_NAME)
-        self.namespace = kwargs.get("namespace")
-        policy = ResamplingPolicy.parse(dict(kwargs.get("policy") or {}))
-        self.actor = get_or_create_orchestrator(
-            policy, IndexTaskSet.of_size(self.dataset_size), seed=int(getattr(config, "seed", 0) or 0),
-            name=self.actor_name, namespace=_namespace(self.namespace),
+        self.session = new_session()
+        self.actor = create_orchestrator(self.settings, self.dataset_size)
+        run = self.settings.run or "trinity-run"
+        self.attached = ray.get(
+            self.actor.attach_run.remote(run, **attach_args(self.settings, "selector", self.session, self.dataset_size)),
+            timeout=self.settings.actor_timeout_s,
         )
+        if self.attached["requeued"]:
+            log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
-        self.pending: list[str] = []  # planned task ids not yet handed out
-        self._last_plan: dict = {}
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
-        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.
-
-        Leftovers of earlier plans first; a new ``plan_round`` only when they do not fill the
-        step; ``select_tasks`` tops up a short plan. Extra info: the latest plan's
-        ``purpose``, ``round`` and ``batch_id``.
-        """
-        ids = self.pending[:batch_size]
-        self.pending = self.pending[batch_size:]
-        if len(ids) < batch_size:
-            plan = ray.get(self.actor.plan_round.remote())
-            self._last_plan = {"purpose": plan.purpose, "round": plan.round, "batch_id": plan.batch_id}
-            planned = list(plan.task_ids)
-            take = batch_size - len(ids)
-            ids += planned[:take]
-            self.pending = planned[take:]
-        if len(ids) < batch_size:
-            ids += ray.get(self.actor.select_tasks.remote(batch_size - len(ids)))
+        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator."""
+        ids = ray.get(self.actor.next_tasks.remote(int(batch_size)), timeout=self.settings.actor_timeout_s)
         indices = [int(t) for t in ids]
         self.current_index += len(indices)
         if return_extra_info:
-            return indices, dict(self._last_plan)
+            return indices, {"session": self.session}
         return indices
 
     def feedback(self, indices: list[int], values: list[float]) -> None:
         """No-op: the orchestrator learns from the pipeline operator's submissions."""
 
     def state_dict(self) -> dict:
-        """Tasks handed out so far and planned ones not yet handed out; the task order itself
-        is in the actor's state."""
-        return {"current_index": self.current_index, "pending": list(self.pending)}
+        """Tasks handed out by this explorer process (informative only: the frontier is in the actor)."""
+        return {"current_index": self.current_index}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.current_index = int(state_dict.get("current_index", 0))
-        self.pending = [str(t) for t in state_dict.get("pending", [])]
-
-
