@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any
 
 import ray
@@ -22,20 +23,23 @@ class OrchestratorTaskSelector:
     At construction it creates the orchestrator actor when absent (detached, checkpointed,
     with metrics: every setting from ``config.kwargs``, an :class:`AttachConfig`) and attaches
     the run to it with a new session id. Each ``get_indices(batch_size)`` (one explore step)
-    is one ``next_tasks`` call: exactly ``batch_size`` tasks (Trinity reads a fixed number per
-    step): tasks a previous explorer process took but never returned first, then with
-    ``replenish="same_tasks"`` this batch's dropped tasks, then fresh tasks in the actor's
-    epoch order minus those in a history cooldown.
+    returns exactly ``batch_size`` tasks (Trinity reads a fixed number per step) from the
+    actor's ``next_tasks``: tasks a previous explorer process took but never returned first,
+    then with ``replenish="same_tasks"`` this batch's dropped tasks, then fresh tasks in the
+    actor's epoch order minus those in a history cooldown.
 
     The task frontier lives in the actor's checkpoint, not in Trinity's explorer checkpoint
     (which is written only at weight syncs and so lags behind): after a restart the actor
     knows which tasks came back (consumed: never handed out again in this epoch) and which
     did not (handed out again first). ``state_dict`` therefore only reports a count.
 
-    Blocking: Trinity calls ``get_indices`` synchronously from inside its async taskset
-    ``read`` (``FileReader._read_sync``), so the one actor call per explore step is a bounded
-    ``ray.get`` (``actor_timeout_s``) on an actor method that does no I/O but a small JSON
-    checkpoint write; there is no way for a synchronous method to yield to the loop.
+    No blocking in the explorer's event loop: Trinity calls ``get_indices`` synchronously from
+    inside its async taskset ``read`` (``FileReader._read_sync``), where a ``ray.get`` would
+    stall the loop. So the tasks of the next step are requested one step ahead (an object ref
+    whose result has long arrived when the next step reads it); only an explorer's first step
+    waits for its tasks. The cost: the orchestrator picks each step's tasks one step
+    earlier (same-task re-rolls and skip rules act one step later), and the step reserved
+    after the last one stays "in flight" in the actor until a resumed run takes it first.
 
     Args:
         data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
@@ -61,10 +65,24 @@ class OrchestratorTaskSelector:
         if self.attached["requeued"]:
             log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
+        self._ahead: tuple[int, Future] | None = None  # (count, tasks of the next step)
+
+    def _request(self, count: int) -> Future:
+        return self.actor.next_tasks.remote(int(count)).future()
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
         """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator."""
-        ids = ray.get(self.actor.next_tasks.remote(int(batch_size)), timeout=self.settings.actor_timeout_s)
+        if self._ahead is None:  # the first step (or a size change): ask now
+            self._ahead = (batch_size, self._request(batch_size))
+        count, future = self._ahead
+        ids = list(future.result(timeout=self.settings.actor_timeout_s))  # arrived during the last step
+        if count < batch_size:
+            ids += self._request(batch_size - count).result(timeout=self.settings.actor_timeout_s)
+        ids, extra = ids[:batch_size], ids[batch_size:]
+        self._ahead = (batch_size, self._request(batch_size - len(extra)))
+        if extra:  # a smaller step than asked ahead: keep the rest for the next one
+            rest = self._ahead[1]
+            self._ahead = (batch_size, _prepend(extra, rest))
         indices = [int(t) for t in ids]
         self.current_index += len(indices)
         if return_extra_info:
@@ -80,3 +98,9 @@ class OrchestratorTaskSelector:
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.current_index = int(state_dict.get("current_index", 0))
+
+
+def _prepend(first: list[str], rest: Future) -> Future:
+    out: Future = Future()
+    rest.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(first + f.result()))
+    return out

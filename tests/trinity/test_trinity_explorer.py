@@ -108,7 +108,8 @@ def write_config(tmp: Path, model: Path, name: str) -> Path:
                 "default_workflow_type": "simple_workflow",
                 "default_reward_fn_type": "dso_trinity_harness.LabelReward",
             },
-            "trainer_input": {"experience_buffer": {"name": f"dso_it_{name}", "storage_type": "queue"}},
+            "trainer_input": {"experience_buffer": {"name": f"dso_it_{name}", "storage_type": "queue",
+                                                    "max_read_timeout": 10}},
         },
         "data_processor": {"experience_pipeline": {"operators": [{"name": "dso_orchestrator", "args": {}}]}},
         "explorer": {"rollout_model": {"engine_type": "external", "engine_num": 1}, "runner_per_model": 2,
@@ -212,7 +213,6 @@ def trinity_run(tmp_path_factory, tiny_model, engine_model, serve_http):
             except (StopAsyncIteration, TimeoutError):
                 return
 
-    cfg.buffer.trainer_input.experience_buffer.max_read_timeout = 5
     asyncio.run(read_all())
     seen["batches"] = batches
     yield seen
