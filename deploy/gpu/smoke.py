@@ -114,8 +114,8 @@ def run(out: Path) -> None:
         trinity(config(out, model, "train", db))
     ray.init(address="auto", namespace="trinity-dso")
     stats = ray.get(ray.get_actor("dso-gpu-smoke").get_stats.remote())
-    print(json.dumps({k: stats[k] for k in ("batches_emitted", "groups_emitted", "groups_dropped", "groups_submitted")}))
-    assert stats["batches_emitted"] >= STEPS - 1, stats
+    print(stats.model_dump_json(include={"batches_emitted", "groups_emitted", "groups_dropped", "groups_submitted"}))
+    assert stats.batches_emitted >= STEPS - 1, stats
     trainer_step = (out / "ckpt/dso-gpu-smoke/smoke/latest_checkpointed_iteration.txt")
     print("trainer checkpoint:", trainer_step.read_text() if trainer_step.exists() else "(none: see run.log)")
 

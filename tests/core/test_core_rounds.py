@@ -18,7 +18,7 @@ def core(**policy):
 
 def counters(c):
     s = c.stats()
-    return s["rollouts_initial"], s["rollouts_replenish"], s["replenish_rounds"]
+    return s.rollouts_initial, s.rollouts_replenish, s.replenish_rounds
 
 
 def test_a_batchs_first_submission_is_initial_and_later_ones_replenish():

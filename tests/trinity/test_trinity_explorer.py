@@ -28,7 +28,8 @@ import pytest
 import ray
 import yaml
 
-pytestmark = pytest.mark.slow
+# slow: one Trinity run with a vLLM engine, restarts included; the fixture is timed with the first test
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = 64  # rows of the taskset; the two phases hand out at most 14 steps x 4 tasks: one epoch
