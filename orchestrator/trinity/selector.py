@@ -6,8 +6,6 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
-import ray
-
 from orchestrator.trinity.attach import AttachConfig, attach_args, create_orchestrator, new_session
 
 log = logging.getLogger("trinity_dso.trinity")
@@ -58,10 +56,10 @@ class OrchestratorTaskSelector:
         self.session = new_session()
         self.actor = create_orchestrator(self.settings, self.dataset_size)
         run = self.settings.run or "trinity-run"
-        self.attached = ray.get(
-            self.actor.attach_run.remote(run, **attach_args(self.settings, "selector", self.session, self.dataset_size)),
-            timeout=self.settings.actor_timeout_s,
-        )
+        # once, at the explorer's start (before its loop runs a step)
+        self.attached = self.actor.attach_run.remote(
+            run, **attach_args(self.settings, "selector", self.session, self.dataset_size)
+        ).future().result(timeout=self.settings.actor_timeout_s)
         if self.attached["requeued"]:
             log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
