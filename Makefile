@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo demo-gigpo test bench install clean
+.PHONY: demo demo-sampling demo-gigpo ablate test bench install clean
 
 install: $(STAMP)
 
@@ -33,8 +33,17 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	$(PY) -c "import torch, vllm, ray, trinity; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $(STAMP)
 
+# The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval).
 demo: $(STAMP)
+	$(VENV)/bin/trinity-dso train
+
+# The sampling-only DAPO demo (dynamic sampling on SmolLM2-135M, no training).
+demo-sampling: $(STAMP)
 	$(VENV)/bin/trinity-dso demo
+
+# DAPO ablation (each technique off alone, and GRPO; 3 seeds per arm); not part of `make test`.
+ablate: $(STAMP)
+	$(VENV)/bin/trinity-dso ablate-dapo
 
 demo-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso demo --algo gigpo

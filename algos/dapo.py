@@ -11,11 +11,15 @@ batches (e.g. a trainer batch assembled from several rounds) need no padding.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Literal
 
 import numpy as np
 import torch
 
-from algos.groups import Norm, normalise_in_groups
+from algos.groups import Norm, StdConvention, normalise_in_groups
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 class InvalidGroupError(ValueError):
@@ -35,6 +39,7 @@ class GroupReason(IntEnum):
     SINGLETON = 4
     OUT_OF_BAND = 5
     STALE = 6
+    INVALID = 7
 
     @property
     def label(self) -> str:
@@ -55,6 +60,7 @@ def classify_groups(
     correct_threshold: float = 1.0,
     wrong_threshold: float = 0.0,
     band: tuple[float, float] | None = None,
+    valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic-sampling filter: keep groups whose judged values are not all equal.
 
@@ -64,13 +70,18 @@ def classify_groups(
     standard deviation (ddof=0) in float64 with a tolerance, so float noise around equal
     rewards (e.g. ``0.1 + 0.2`` vs ``0.3``) cannot make a group look informative.
 
+    ``std_tol = 0`` means exact equality: a group is all equal when its largest and smallest
+    judged values are the same float, compared as values (seven rewards of 0.35 have a
+    float64 std of ~5.6e-17, which a std test would call informative).
+
     Judge the right value: pass the per-rollout accuracy rather than the shaped reward when
     an overlong penalty (Eq. 13) is applied, or a constant-accuracy group with different
     lengths would look informative.
 
     Args:
         values: (G, n) float. The judged value of each rollout (reward or a metric).
-        std_tol: a group whose population std is ``<= std_tol`` counts as all equal. >= 0.
+        std_tol: a group whose population std is ``<= std_tol`` counts as all equal; 0 means
+            max == min exactly. >= 0.
         correct_threshold: an all-equal group with values ``>= correct_threshold`` is
             ``all_correct`` (DAPO rewards are +1 correct / -1 wrong, so 1.0).
         wrong_threshold: an all-equal group with values ``<= wrong_threshold`` is
@@ -78,34 +89,48 @@ def classify_groups(
         band: optional ``(lo, hi)`` band-pass on the group mean for non-binary rewards: an
             otherwise informative group is kept only if ``lo < mean < hi`` (open interval),
             else ``out_of_band``.
+        valid: optional (G, n) bool. Members judged (masked members, e.g. a NaN reward under
+            the ``mask`` group-validity policy, are left out of every statistic; their
+            ``values`` may be NaN). A group with fewer than 2 valid members is ``singleton``.
     Returns:
         keep: (G,) bool. True exactly for ``informative`` groups.
         reason: (G,) int8. A :class:`GroupReason` code per group.
     Raises:
-        InvalidGroupError: ``values`` is not 2-D, is empty, or holds NaN/inf (names the index).
+        InvalidGroupError: ``values`` is not 2-D, is empty, or holds NaN/inf in a valid
+            member (names the index).
         ValueError: ``std_tol < 0`` or ``band`` with ``lo >= hi``.
     """
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2 or v.shape[0] == 0 or v.shape[1] == 0:
         raise InvalidGroupError(f"values: expected a non-empty (G, n) matrix, got shape {v.shape}")
-    _check_finite(v, "values")
+    ok = np.ones(v.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+    if ok.shape != v.shape:
+        raise InvalidGroupError(f"valid: shape {ok.shape} differs from values {v.shape}")
+    _check_finite(np.where(ok, v, 0.0), "values")
     if std_tol < 0:
         raise ValueError(f"std_tol must be >= 0, got {std_tol}")
     if band is not None and not band[0] < band[1]:
         raise ValueError(f"band must satisfy lo < hi, got {band}")
 
-    G, n = v.shape
-    mean = v.mean(axis=1)
-    std = v.std(axis=1, ddof=0)
-    equal = std <= std_tol
+    G = v.shape[0]
+    count = ok.sum(axis=1)
+    safe = np.maximum(count, 1)
+    x = np.where(ok, v, 0.0)
+    mean = x.sum(axis=1) / safe
+    lo = np.where(ok, v, np.inf).min(axis=1)
+    hi = np.where(ok, v, -np.inf).max(axis=1)
+    if std_tol == 0:
+        equal = hi == lo
+    else:
+        std = np.sqrt((np.where(ok, v - mean[:, None], 0.0) ** 2).sum(axis=1) / safe)
+        equal = std <= std_tol
     reason = np.full(G, GroupReason.INFORMATIVE, dtype=np.int8)
     if band is not None:
         reason[(mean <= band[0]) | (mean >= band[1])] = GroupReason.OUT_OF_BAND
     reason[equal] = GroupReason.ZERO_VARIANCE
-    reason[equal & (v.min(axis=1) >= correct_threshold)] = GroupReason.ALL_CORRECT
-    reason[equal & (v.max(axis=1) <= wrong_threshold)] = GroupReason.ALL_WRONG
-    if n == 1:
-        reason[:] = GroupReason.SINGLETON
+    reason[equal & (lo >= correct_threshold)] = GroupReason.ALL_CORRECT
+    reason[equal & (hi <= wrong_threshold)] = GroupReason.ALL_WRONG
+    reason[count < 2] = GroupReason.SINGLETON
     return reason == GroupReason.INFORMATIVE, reason
 
 
@@ -162,21 +187,28 @@ def group_advantages(
     *,
     norm: Norm = "std",
     eps: float = 1e-6,
+    std: StdConvention = "sample",
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Group-relative advantages, the GRPO baseline that DAPO keeps (DAPO Eq. 9).
 
-    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the unbiased std (ddof=1,
-    as ``torch.std`` in verl's ``compute_grpo_outcome_advantage``), or ``A_i = r_i - mean``
-    when ``norm="none"`` (Dr. GRPO's choice). Statistics are accumulated in float64 with
-    segment sums, so groups of equal rewards get exactly zero.
+    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` with the sample std by default
+    (ddof=1, as ``torch.std`` in verl's ``compute_grpo_outcome_advantage``), the population
+    std (ddof=0) with ``std="population"``, or ``A_i = r_i - mean`` when ``norm="none"``
+    (Dr. GRPO's choice). Statistics are accumulated in float64 with segment sums, so groups
+    of equal rewards get exactly zero.
 
     Args:
         rewards: (N,) float. One scalar reward per rollout.
         group_ids: (N,) int64 in [0, G). The group (task) of each rollout.
         norm: ``"std"`` or ``"none"``.
         eps: added to the std, > 0.
+        std: ``"sample"`` (ddof 1, default) or ``"population"`` (ddof 0), see :data:`StdConvention`.
+        valid: optional (N,) bool. Members outside the baseline (masked rollouts): they get
+            advantage 0 and are left out of their group's mean and std; their reward may be NaN.
     Returns:
-        (N,) float64. Zero for every member of a singleton or zero-variance group.
+        (N,) float64. Zero for every member of a singleton or zero-variance group (counting
+        valid members only) and for every masked member.
     Raises:
         InvalidGroupError: a reward is NaN or infinite (names its index), or shapes differ.
         ValueError: unknown ``norm``.
@@ -185,11 +217,87 @@ def group_advantages(
     g = torch.as_tensor(group_ids, dtype=torch.int64).reshape(-1)
     if r.shape != g.shape:
         raise InvalidGroupError(f"rewards has shape {tuple(r.shape)} but group_ids {tuple(g.shape)}")
+    if valid is not None:
+        ok = torch.as_tensor(valid, dtype=torch.bool).reshape(-1)
+        if ok.shape != r.shape:
+            raise InvalidGroupError(f"valid has shape {tuple(ok.shape)} but rewards {tuple(r.shape)}")
+        if r.numel() and not ok.all():
+            adv = torch.zeros_like(r)
+            if ok.any():
+                adv[ok] = group_advantages(r[ok], g[ok], norm=norm, eps=eps, std=std)
+            return adv
     bad = ~torch.isfinite(r)
     if bad.any():
         i = int(bad.nonzero()[0])
         raise InvalidGroupError(f"rewards: non-finite value {float(r[i])!r} at index {i} (group {int(g[i])})")
-    return torch.from_numpy(normalise_in_groups(r.numpy(), g.numpy(), norm=norm, eps=eps))
+    return torch.from_numpy(normalise_in_groups(r.numpy(), g.numpy(), norm=norm, eps=eps, std=std))
+
+
+def aggregate_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggMode = "token-mean",
+    *,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar, exactly as over the whole batch when split in micro-batches.
+
+    With ``m`` the mask, ``N`` the response tokens and ``B`` the sequences of the *whole*
+    (mini-)batch, and ``L`` a fixed length::
+
+        token-mean               sum_{i,t} m l / N                      (DAPO Eq. 12; the default)
+        seq-mean-token-mean      (1 / B) sum_i [sum_t m l / sum_t m]    (GRPO's per-sequence mean)
+        seq-mean-token-sum-norm  (1 / B) sum_i [sum_t m l] / L          (Dr. GRPO, arXiv 2503.20783, Sec. 3.2)
+
+    Every mode is a sum of per-token or per-sequence terms divided by a whole-batch constant,
+    so when a batch is cut into micro-batches of any (uneven) sizes and each is called with
+    the batch's ``global_tokens = N`` and ``global_seqs = B``, the micro-batch results add up
+    to the whole-batch value exactly (up to float rounding). Without them, ``N`` and ``B`` are
+    the micro-batch's own (a mean over the micro-batch, like Trinity's ``aggregate_loss``).
+
+    Differences from the references: verl's and Trinity's ``seq-mean-token-sum-norm`` divide
+    the token sum by ``L`` only (no ``1 / B``), which scales the loss by the batch size; ours
+    follows the paper's ``1 / G`` and equals theirs divided by ``B``. A sequence without any
+    response token contributes 0 to ``seq-mean-token-mean`` but still counts in ``B``.
+
+    Args:
+        loss_mat: (B_mb, T) float. Per-token loss of this micro-batch.
+        mask: (B_mb, T) bool or {0, 1}. Response tokens that count (0 on padding and on
+            masked rollouts).
+        mode: one of :data:`LOSS_AGG_MODES`.
+        global_tokens: N, response tokens of the whole batch, > 0; default ``mask.sum()``
+            (``token-mean`` only).
+        global_seqs: B, sequences of the whole batch, > 0; default ``B_mb`` (``seq-*`` modes).
+        norm_length: L in tokens, > 0; required for ``seq-mean-token-sum-norm`` (keep it
+            constant through training, e.g. the response budget ``max_tokens``).
+    Returns:
+        () float, differentiable in ``loss_mat``. 0 for an empty mask under ``token-mean``
+        without ``global_tokens``.
+    Raises:
+        ValueError: unknown mode, shapes differ, a non-positive count or length, or
+            ``seq-mean-token-sum-norm`` without ``norm_length``.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
+    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
+    for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs), ("norm_length", norm_length)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name}: must be > 0, got {value!r}")
+    m = mask.to(loss_mat.dtype)
+    masked = torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m
+    if mode == "token-mean":
+        denom = float(global_tokens) if global_tokens is not None else m.sum().clamp(min=1.0)
+        return masked.sum() / denom
+    seqs = float(global_seqs) if global_seqs is not None else float(max(loss_mat.shape[0], 1))
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(dim=-1) / m.sum(dim=-1).clamp(min=1.0)
+        return per_seq.sum() / seqs
+    if norm_length is None:
+        raise ValueError("norm_length: seq-mean-token-sum-norm needs a fixed length L (e.g. the response budget max_tokens)")
+    return masked.sum() / (seqs * float(norm_length))
 
 
 def clip_higher_policy_loss(
@@ -201,16 +309,22 @@ def clip_higher_policy_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     dual_clip: float | None = None,
+    loss_agg_mode: LossAggMode = "token-mean",
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    norm_length: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip-higher PPO surrogate with token-level averaging (DAPO Eq. 10 and Sec. 3.1, 3.3).
+    """Clip-higher PPO surrogate, token-level averaging by default (DAPO Eq. 10 and Sec. 3.1, 3.3).
 
     Per token, with ``ratio = exp(logprobs - old_logprobs)``::
 
         l = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
 
     and, when ``dual_clip = c`` (Ye et al. 2020, verl's ``clip_ratio_c``, typically 3), for
-    ``A < 0`` only: ``l = min(l, -A * c)``. The loss is the mean over all response tokens of
-    the batch (token-level policy-gradient loss, DAPO Eq. 12), not a mean of per-sequence means.
+    ``A < 0`` only: ``l = min(l, -A * c)``. By default the loss is the mean over all response
+    tokens of the batch (token-level policy-gradient loss, DAPO Eq. 12), not a mean of
+    per-sequence means; ``loss_agg_mode`` and the global counts are passed to
+    :func:`aggregate_loss` (exact across micro-batches).
 
     Args:
         logprobs, old_logprobs: (B, T) float. Per-token log-probabilities of the current and
@@ -219,8 +333,9 @@ def clip_higher_policy_loss(
         response_mask: (B, T) bool or {0,1}. 1 on response tokens.
         eps_low, eps_high: clip range, ``0 <= eps_low < 1``, ``eps_high >= 0`` (paper: 0.2, 0.28).
         dual_clip: lower bound c > 1 on the ratio's effect for negative advantages, or None.
+        loss_agg_mode, global_tokens, global_seqs, norm_length: see :func:`aggregate_loss`.
     Returns:
-        loss: () float. Token-mean loss.
+        loss: () float. The aggregated loss.
         clip_fraction: () float. Fraction of response tokens where the clip was active.
     Raises:
         ValueError: clip parameters out of range or shapes differ.
@@ -233,12 +348,72 @@ def clip_higher_policy_loss(
     if len(shapes) != 1:
         raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
     mask = response_mask.to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)
+    # masked tokens: log-ratio 0 before exp, so a padding token with a huge log-ratio cannot give
+    # inf * 0 = NaN in the loss or its gradient
+    ratio = torch.exp(torch.where(response_mask.bool(), logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype)))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
     clip_active = (clipped > unclipped).to(logprobs.dtype)
     if dual_clip is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
-    denom = mask.sum().clamp(min=1.0)
-    return (loss * mask).sum() / denom, (clip_active * mask).sum() / denom
+    agg = aggregate_loss(
+        loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length
+    )
+    return agg, (clip_active * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def clip_higher_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clip-higher surrogate (DAPO Eq. 10), before aggregation.
+
+    Same formula as :func:`clip_higher_policy_loss`. The log-ratio is set to 0 on masked
+    tokens *before* the exponential, so a padding token with a huge log-ratio gives a
+    finite (zero) loss and a zero gradient instead of ``inf * 0 = NaN``.
+
+    Args:
+        logprobs, old_logprobs, advantages: (B, T) float.
+        response_mask: (B, T) bool or {0, 1}.
+        eps_low, eps_high, dual_clip: as :func:`clip_higher_policy_loss`.
+    Returns:
+        loss: (B, T) float, 0 on masked tokens.
+        flags: (B, T) float {0, 1} masks, 0 on masked tokens: ``clip_high`` (A > 0 and
+        ratio > 1 + eps_high: the upper bound is active), ``clip_low`` (A < 0 and ratio <
+        1 - eps_low), ``dual_clip`` (A < 0 and the dual-clip bound is active).
+    Raises:
+        ValueError: clip parameters out of range or shapes differ.
+    """
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
+    if len(shapes) != 1:
+        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype)
+    log_ratio = torch.where(mask, logprobs - old_logprobs, zero)
+    adv = torch.where(mask, advantages.to(logprobs.dtype), zero)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = {
+        "clip_high": (mask & (adv > 0) & (ratio > 1.0 + eps_high)).to(logprobs.dtype),
+        "clip_low": (mask & (adv < 0) & (ratio < 1.0 - eps_low)).to(logprobs.dtype),
+    }
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        flags["dual_clip"] = (mask & (adv < 0) & (loss > bound)).to(logprobs.dtype)
+        loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
+    else:
+        flags["dual_clip"] = torch.zeros_like(loss)
+    return torch.where(mask, loss, zero), flags

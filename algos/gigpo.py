@@ -21,15 +21,25 @@ become integer ids once (``np.unique(..., return_inverse=True)``) and statistics
 Only the optional similarity grouping of free-text states (:func:`similarity_anchor_ids`)
 loops, over pairs of *distinct* texts within one task.
 
-Deliberate differences from verl-agent (each documented where it applies):
+Deliberate differences from verl-agent (each documented where it applies, each with the
+:class:`GiGPOConfig` option that restores the reference's behaviour):
 
-* a singleton episode group gets ``A^E = 0`` (verl-agent: the raw score, mean 0 / std 1);
+* a singleton episode group gets ``A^E = 0`` (verl-agent: the raw score over mean 0 / std 1,
+  ``singleton_episode="raw"``);
 * the episode statistics count each trajectory once (the paper's definition); verl-agent's
-  default computes them over step rows, available as ``episode_weighting="step"``;
-* group statistics are shifted by the group minimum and accumulated in float64, so equal
-  values give exactly 0 (not ~1e-17) in both normalisation modes;
+  default computes them over step rows (``episode_weighting="step"``);
+* the invalid-action penalty is subtracted from the step reward before discounting, so it
+  reaches earlier steps' returns; verl-agent subtracts it after the returns are computed
+  (``penalty_timing="after_returns"``);
 * similarity grouping uses connected components (order independent) instead of
-  verl-agent's greedy first-representative clustering (which depends on row order).
+  verl-agent's greedy first-representative clustering, which depends on row order
+  (``similarity_grouping="greedy"``);
+* group statistics are shifted by the group minimum and accumulated in float64, so equal
+  values give exactly 0 (not ~1e-17) in both normalisation modes (no option: a float
+  residue is never wanted).
+
+The std is the sample std (ddof 1, ``torch.std`` as in verl-agent and verl);
+``std="population"`` (ddof 0) is offered for references that use ``np.std``.
 """
 
 from __future__ import annotations
@@ -45,10 +55,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from algos.groups import Norm, check_norm, normalise_in_groups
+from algos.groups import Norm, StdConvention, check_norm, normalise_in_groups
 
 EpisodeWeighting = Literal["trajectory", "step"]
 Similarity = Literal["ratio", "jaccard"]
+SingletonEpisode = Literal["zero", "raw"]
+PenaltyTiming = Literal["before_returns", "after_returns"]
+SimilarityGrouping = Literal["components", "greedy"]
 
 __all__ = [
     "GiGPOAdvantages",
@@ -96,6 +109,22 @@ class GiGPOConfig(BaseModel):
             ``>= threshold`` (verl-agent's ``enable_similarity``, typically 0.9-0.95).
         similarity: ``"ratio"`` (difflib ``SequenceMatcher.ratio``, verl-agent's measure) or
             ``"jaccard"`` (whitespace-token Jaccard), used only with a threshold.
+        std: ``"sample"`` (ddof 1; the paper's std as verl-agent computes it with
+            ``torch.std``; default) or ``"population"`` (ddof 0, ``np.std``).
+        singleton_episode: A^E of a task group with a single trajectory. ``"zero"``
+            (default: nothing to compare with) or ``"raw"`` (verl-agent's
+            ``episode_norm_reward``: mean 0 and std 1, so ``R / (1 + eps)`` under
+            ``norm="std"`` and ``R`` under ``"none"``).
+        penalty_timing: when ``invalid_action_penalty`` applies. ``"before_returns"``
+            (default: it is part of the step reward, so discounting carries
+            ``gamma^k * penalty`` to the k-th earlier step) or ``"after_returns"``
+            (verl-agent: subtracted from the token-level reward of the invalid step after
+            the step returns were computed from the unpenalised rewards, so only that
+            step's R_t drops by the penalty). Both subtract it from the episode return.
+        similarity_grouping: ``"components"`` (default: connected components of the
+            similarity graph, independent of row order) or ``"greedy"`` (verl-agent's
+            ``build_step_group``: each state joins the first existing cluster, in row
+            order, whose first member is similar enough, else starts a new one).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -108,6 +137,10 @@ class GiGPOConfig(BaseModel):
     invalid_action_penalty: float = Field(0.0, ge=0.0)
     similarity_threshold: float | None = Field(None, gt=0.0, le=1.0)
     similarity: Similarity = "ratio"
+    std: StdConvention = "sample"
+    singleton_episode: SingletonEpisode = "zero"
+    penalty_timing: PenaltyTiming = "before_returns"
+    similarity_grouping: SimilarityGrouping = "components"
 
 
 @dataclass
@@ -204,6 +237,7 @@ def normalise_from_moments(
     *,
     norm: Norm = "std",
     eps: float = 1e-6,
+    std: StdConvention = "sample",
 ) -> np.ndarray:
     """:func:`algos.groups.normalise_in_groups` from running moments of each value's group.
 
@@ -211,7 +245,7 @@ def normalise_from_moments(
     shift ``c`` (a member's value, e.g. the group minimum) and the shifted sums ``S1 = sum(x - c)`` and
     ``S2 = sum((x - c)^2)``::
 
-        centred = (x - c) - S1 / n,   std = sqrt(max(S2 - S1^2 / n, 0) / (n - 1))
+        centred = (x - c) - S1 / n,   std = sqrt(max(S2 - S1^2 / n, 0) / (n - ddof))
 
     Shifting by a member keeps the one-pass variance free of catastrophic cancellation, and
     a group of equal values has ``S1 = S2 = 0`` and ``x - c = 0``: exactly 0, as in the
@@ -221,14 +255,14 @@ def normalise_from_moments(
         values: (N,) float, the values to normalise (members of their groups).
         count, shift, sum_shifted, sumsq_shifted: (N,) float, the moments of each value's
             group (gathered per row).
-        norm, eps: as :func:`algos.groups.normalise_in_groups`.
+        norm, eps, std: as :func:`algos.groups.normalise_in_groups`.
     Returns:
         (N,) float64; 0 where ``count <= 1``.
     Raises:
         ValueError: unknown ``norm`` or ``eps <= 0``.
         InvalidStepError: lengths differ or a value is NaN/inf.
     """
-    check_norm(norm, eps)
+    check_norm(norm, eps, std)
     x = _as_1d(values, "values", np.float64)
     n = _as_1d(count, "count", np.float64)
     c = _as_1d(shift, "shift", np.float64)
@@ -239,7 +273,8 @@ def normalise_from_moments(
     safe_n = np.maximum(n, 1.0)
     centred = (x - c) - s1 / safe_n
     if norm == "std":
-        var = np.maximum(s2 - s1 * s1 / safe_n, 0.0) / np.maximum(n - 1.0, 1.0)
+        ddof = 1.0 if std == "sample" else 0.0
+        var = np.maximum(s2 - s1 * s1 / safe_n, 0.0) / np.maximum(n - ddof, 1.0)
         centred = centred / (np.sqrt(var) + eps)
     centred[n <= 1] = 0.0
     return centred
@@ -363,6 +398,8 @@ def episode_advantages(
     norm: Norm = "std",
     eps: float = 1e-6,
     weighting: EpisodeWeighting = "trajectory",
+    std: StdConvention = "sample",
+    singleton: SingletonEpisode = "zero",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Episode relative advantage A^E (GiGPO Eq. 3), broadcast to each step row.
 
@@ -370,23 +407,28 @@ def episode_advantages(
     normalised within its task group: with ``weighting="trajectory"`` each trajectory counts
     once (the paper); with ``"step"`` it counts once per step row, as verl-agent's
     ``episode_norm_reward`` does by default (longer trajectories weigh more in the mean and
-    std). A task with one trajectory, or equal returns, gets exactly 0.
+    std). A task with equal returns gets exactly 0; a task with one trajectory (one row under
+    ``"step"``) gets 0, or with ``singleton="raw"`` verl-agent's ``R / F`` with mean 0 and
+    std 1 (``F = 1 + eps`` under ``norm="std"``, 1 under ``"none"``).
 
     Args:
         rewards: (S,) float. Step rewards, finite.
         task_ids: (S,) the task of each step (any sortable key).
         traj_ids: (S,) the trajectory of each step; must be unique across tasks (e.g. ids
             from ``encode_keys(task_ids, run_ids)``). A trajectory must not span tasks.
-        norm, eps: see :func:`algos.groups.normalise_in_groups`.
+        norm, eps, std: see :func:`algos.groups.normalise_in_groups`.
         weighting: ``"trajectory"`` or ``"step"``.
+        singleton: ``"zero"`` or ``"raw"`` (see above).
     Returns:
         advantage: (S,) float64, A^E of each row's trajectory.
         episode_return: (S,) float64, the trajectory's total reward.
     Raises:
         InvalidStepError: lengths differ, a non-finite reward, a trajectory in two tasks.
-        ValueError: unknown ``norm`` or ``weighting``.
+        ValueError: unknown ``norm``, ``std``, ``weighting`` or ``singleton``.
     """
-    check_norm(norm, eps)
+    check_norm(norm, eps, std)
+    if singleton not in ("zero", "raw"):
+        raise ValueError(f"singleton_episode must be 'zero' or 'raw', got {_r(singleton)}")
     if weighting not in ("trajectory", "step"):
         raise ValueError(f"episode_weighting must be 'trajectory' or 'step', got {_r(weighting)}")
     r = _as_1d(rewards, "rewards", np.float64)
@@ -410,10 +452,15 @@ def episode_advantages(
         i = int(np.flatnonzero(mismatch)[0])
         raise InvalidStepError(f"traj_ids: trajectory {_r(tr[i])} at row {i} appears in more than one task")
     if weighting == "trajectory":
-        adv_traj = normalise_in_groups(totals, traj_task, norm=norm, eps=eps)
+        adv_traj = normalise_in_groups(totals, traj_task, norm=norm, eps=eps, std=std)
         adv = adv_traj[traj_code]
+        members = np.bincount(traj_task, minlength=int(task_code.max()) + 1)[task_code]
     else:
-        adv = normalise_in_groups(totals[traj_code], task_code, norm=norm, eps=eps)
+        adv = normalise_in_groups(totals[traj_code], task_code, norm=norm, eps=eps, std=std)
+        members = np.bincount(task_code)[task_code]
+    if singleton == "raw":
+        solo = members == 1
+        adv[solo] = totals[traj_code][solo] / ((1.0 + eps) if norm == "std" else 1.0)
     return adv, totals[traj_code]
 
 
@@ -424,32 +471,60 @@ def anchor_group_ids(task_ids: Any, state_hashes: Any) -> tuple[np.ndarray, np.n
 
     Args:
         task_ids: (S,) task of each step.
-        state_hashes: (S,) str, hash of the environment state the step acted from.
+        state_hashes: (S,) str or bytes, hash of the environment state the step acted from.
+            Bytes are taken as their hex form, so ``sha1(...).digest()`` and
+            ``.hexdigest()`` fall in the same group. Anything else (a dict observation, a
+            number) is refused, never ``str()``-ed: ``str`` of a dict depends on key order.
+            Hash structured observations with ``orchestrator.anchors.keys.state_hash``.
     Returns:
         ids: (S,) int64 in [0, K), ordered by sorted (task, hash).
         sizes: (S,) int64, size of each row's anchor group.
     Raises:
-        InvalidStepError: a missing (None or empty) state hash, or lengths differ.
+        InvalidStepError: a missing (None or empty) or non-str/bytes state hash, or lengths differ.
     """
     tk = _as_1d(task_ids, "task_ids")
     h = _as_1d(state_hashes, "state_hashes", object)
     _same_length(task_ids=tk, state_hashes=h)
     _check_hashes(h, tk)
-    ids, num = encode_keys(tk, h.astype(str))
+    ids, num = encode_keys(tk, hash_keys(h))
     return ids, np.bincount(ids, minlength=num)[ids]
 
 
+def hash_keys(hashes: Any) -> np.ndarray:
+    """State hashes as one str dtype: str kept, bytes as their hex form (see :func:`anchor_group_ids`).
+
+    Args:
+        hashes: (S,) str or bytes (checked by the caller).
+    Returns:
+        (S,) numpy str array.
+    """
+    h = np.asarray(hashes, dtype=object)
+    return np.array([x.hex() if isinstance(x, (bytes, bytearray)) else x for x in h.tolist()], dtype=str).reshape(h.shape)
+
+
 def _check_hashes(h: np.ndarray, tk: np.ndarray, runs: np.ndarray | None = None, steps: np.ndarray | None = None) -> None:
+    def where(i: int) -> str:
+        w = f"task {_r(tk[i])}"
+        if runs is not None and steps is not None:
+            w += f", run {_r(runs[i])}, step {_r(steps[i])}"
+        return w
+
     missing = np.asarray((h == None) | (h == ""), dtype=bool)  # noqa: E711 (element-wise on an object array)
     if missing.any():
         i = int(np.flatnonzero(missing)[0])
-        where = f"task {_r(tk[i])}"
-        if runs is not None and steps is not None:
-            where += f", run {_r(runs[i])}, step {_r(steps[i])}"
-        raise InvalidStepError(f"env_state_hash: missing ({_r(h[i])}) at row {i} ({where})")
+        raise InvalidStepError(f"env_state_hash: missing ({_r(h[i])}) at row {i} ({where(i)})")
+    bad = [i for i, x in enumerate(h.tolist()) if not isinstance(x, (str, bytes, bytearray))]
+    if bad:
+        i = bad[0]
+        raise InvalidStepError(
+            f"env_state_hash: expected str or bytes at row {i} ({where(i)}), got {type(h[i]).__name__} {_r(h[i])}; "
+            "hash structured observations with orchestrator.anchors.keys.state_hash (never str())"
+        )
 
 
-def step_advantages(returns: Any, anchor_ids: Any, *, norm: Norm = "std", eps: float = 1e-6) -> np.ndarray:
+def step_advantages(
+    returns: Any, anchor_ids: Any, *, norm: Norm = "std", eps: float = 1e-6, std: StdConvention = "sample"
+) -> np.ndarray:
     """Step relative advantage A^S (GiGPO Eq. 7): R_t normalised within its anchor group.
 
     A singleton anchor group gets 0 (no other action from that state to compare with), as
@@ -459,14 +534,14 @@ def step_advantages(returns: Any, anchor_ids: Any, *, norm: Norm = "std", eps: f
     Args:
         returns: (S,) float. Discounted returns from :func:`discounted_returns`.
         anchor_ids: (S,) int. From :func:`anchor_group_ids` or :func:`similarity_anchor_ids`.
-        norm, eps: see :func:`algos.groups.normalise_in_groups`.
+        norm, eps, std: see :func:`algos.groups.normalise_in_groups`.
     Returns:
         (S,) float64.
     Raises:
         InvalidStepError: lengths differ or a non-finite return.
         ValueError: unknown ``norm``.
     """
-    return normalise_in_groups(returns, anchor_ids, norm=norm, eps=eps)
+    return normalise_in_groups(returns, anchor_ids, norm=norm, eps=eps, std=std)
 
 
 def _similarity(a: str, b: str, kind: Similarity, tokens: dict[str, frozenset[str]]) -> float:
@@ -478,7 +553,12 @@ def _similarity(a: str, b: str, kind: Similarity, tokens: dict[str, frozenset[st
 
 
 def similarity_anchor_ids(
-    task_ids: Any, texts: Sequence[str], *, threshold: float, similarity: Similarity = "ratio"
+    task_ids: Any,
+    texts: Sequence[str],
+    *,
+    threshold: float,
+    similarity: Similarity = "ratio",
+    grouping: SimilarityGrouping = "components",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Anchor groups of similar (not only identical) text states, within each task.
 
@@ -489,6 +569,12 @@ def similarity_anchor_ids(
     grouping does not depend on row order (verl-agent's greedy clustering does). Components
     are transitive: a chain of similar texts forms one group even if its ends are dissimilar.
 
+    With ``grouping="greedy"`` (verl-agent's ``build_step_group``) the texts of a task are
+    visited in row order; each joins the first cluster, in creation order, whose
+    representative (its first text) is similar enough, else founds a new cluster. The result
+    then depends on row order and is not transitive. Groups are labelled by their
+    representative's (task, text).
+
     Cost: one comparison per pair of *distinct* texts within a task (Python loop over pairs,
     O(U^2) per task); fine for the hundreds of distinct states of a batch.
 
@@ -497,16 +583,19 @@ def similarity_anchor_ids(
         texts: (S,) str, the state text of each step.
         threshold: in (0, 1]; 1 links identical texts only.
         similarity: ``"ratio"`` or ``"jaccard"``.
+        grouping: ``"components"`` (default) or ``"greedy"``.
     Returns:
         ids: (S,) int64 in [0, K); sizes: (S,) int64 group size per row.
     Raises:
-        ValueError: threshold outside (0, 1] or unknown similarity.
+        ValueError: threshold outside (0, 1], unknown similarity or grouping.
         InvalidStepError: a text is not a string, or lengths differ.
     """
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"similarity_threshold must be in (0, 1], got {_r(threshold)}")
     if similarity not in ("ratio", "jaccard"):
         raise ValueError(f"similarity must be 'ratio' or 'jaccard', got {_r(similarity)}")
+    if grouping not in ("components", "greedy"):
+        raise ValueError(f"similarity_grouping must be 'components' or 'greedy', got {_r(grouping)}")
     tk = _as_1d(task_ids, "task_ids")
     tx = _as_1d(texts, "texts", object)
     _same_length(task_ids=tk, texts=tx)
@@ -529,6 +618,21 @@ def similarity_anchor_ids(
     tokens = {t: frozenset(re.findall(r"\S+", t)) for t in uniq_text} if similarity == "jaccard" else {}
     task_code, _ = encode_keys(uniq_task)
     bounds = np.flatnonzero(np.r_[True, task_code[1:] != task_code[:-1], True])
+    if grouping == "greedy":
+        # distinct texts visited in order of first appearance (a repeated text compares as its first copy)
+        for lo, hi in itertools.pairwise(bounds):
+            reps: list[int] = []
+            for k in sorted(range(lo, hi), key=lambda k: first_row[k]):
+                rep_k = next(
+                    (r for r in reps if _similarity(uniq_text[k], uniq_text[r], similarity, tokens) >= threshold), None
+                )
+                if rep_k is None:
+                    reps.append(k)
+                else:
+                    parent[k] = rep_k
+        _, comp = np.unique(parent, return_inverse=True)
+        ids = comp.reshape(-1)[key_ids].astype(np.int64)
+        return ids, np.bincount(ids)[ids]
     for lo, hi in itertools.pairwise(bounds):
         for a in range(lo, hi):
             for b in range(a + 1, hi):
@@ -556,7 +660,8 @@ def gigpo_advantages(
     """GiGPO advantages for a batch of step rows: ``A = A^E + omega * A^S`` (Eq. 8).
 
     Steps are validated, rewards penalised for invalid actions
-    (``r - invalid_action_penalty * invalid``), then: returns R_t (Eq. 5, ordered by
+    (``r - invalid_action_penalty * invalid``, before or after discounting per
+    ``config.penalty_timing``), then: returns R_t (Eq. 5, ordered by
     ``steps``), episode advantages over each task's trajectories (Eq. 3), anchor groups by
     (task, state hash) or by text similarity (Eq. 6), step advantages (Eq. 7). Results do
     not depend on row order.
@@ -591,22 +696,32 @@ def gigpo_advantages(
         raise InvalidStepError(f"reward: non-finite value {_r(r[i])} at row {i} (task {_r(tk[i])}, run {_r(rn[i])}, step {_r(st[i])})")
     _check_hashes(h, tk, rn, st)
     st = _check_steps(st)
+    penalty = np.zeros_like(r)
     if invalid is not None:
         inv = _as_1d(invalid, "invalid", bool)
         _same_length(rewards=r, invalid=inv)
-        r = r - cfg.invalid_action_penalty * inv
+        penalty = cfg.invalid_action_penalty * inv
     task_code, _ = encode_keys(tk)  # string keys are sorted once; the rest works on ints
     traj, _ = encode_keys(task_code, rn)
     order, ts, q, lengths = _trajectory_layout(traj, st, lambda i: f"task {_r(tk[i])} run {_r(rn[i])}")
-    returns = _returns_sorted(r[order], ts, q, int(lengths.max()), float(cfg.gamma), order) if r.size else r.copy()
-    ep_adv, ep_ret = episode_advantages(r, task_code, traj, norm=cfg.norm, eps=cfg.eps, weighting=cfg.episode_weighting)
+    before = cfg.penalty_timing == "before_returns"
+    r_disc = r - penalty if before else r
+    returns = _returns_sorted(r_disc[order], ts, q, int(lengths.max()), float(cfg.gamma), order) if r.size else r.copy()
+    if not before:
+        returns = returns - penalty
+    ep_adv, ep_ret = episode_advantages(
+        r - penalty, task_code, traj, norm=cfg.norm, eps=cfg.eps, weighting=cfg.episode_weighting,
+        std=cfg.std, singleton=cfg.singleton_episode,
+    )
     if cfg.similarity_threshold is None:
         anchor_ids, sizes = anchor_group_ids(task_code, h)
     else:
         if state_texts is None:
             raise ValueError("similarity_threshold is set but state_texts were not given")
-        anchor_ids, sizes = similarity_anchor_ids(tk, state_texts, threshold=cfg.similarity_threshold, similarity=cfg.similarity)
-    st_adv = step_advantages(returns, anchor_ids, norm=cfg.norm, eps=cfg.eps)
+        anchor_ids, sizes = similarity_anchor_ids(
+            tk, state_texts, threshold=cfg.similarity_threshold, similarity=cfg.similarity, grouping=cfg.similarity_grouping
+        )
+    st_adv = step_advantages(returns, anchor_ids, norm=cfg.norm, eps=cfg.eps, std=cfg.std)
     return GiGPOAdvantages(
         advantages=ep_adv + cfg.omega * st_adv,
         episode=ep_adv,

@@ -12,23 +12,32 @@ from typing import Any, Literal
 import numpy as np
 
 Norm = Literal["std", "none"]
-"""``"std"``: divide by the unbiased group std plus eps; ``"none"``: divide by 1 (Dr. GRPO)."""
+"""``"std"``: divide by the group std plus eps; ``"none"``: divide by 1 (Dr. GRPO)."""
+StdConvention = Literal["sample", "population"]
+"""Which std ``norm="std"`` divides by. ``"sample"`` (ddof 1, the default): ``torch.std`` as in
+verl's ``compute_grpo_outcome_advantage``, verl-agent's GiGPO and Trinity's ``grpo``.
+``"population"`` (ddof 0): ``np.std``'s default, e.g. verl's DAPO filter ``np.std(metric)``."""
 
 
-def check_norm(norm: Any, eps: Any) -> None:
-    """Raise ``ValueError`` naming the value when ``norm`` is not a :data:`Norm` or ``eps < 0``."""
+def check_norm(norm: Any, eps: Any, std: Any = "sample") -> None:
+    """Raise ``ValueError`` naming the value when ``norm`` is not a :data:`Norm`, ``eps < 0``
+    or ``std`` is not a :data:`StdConvention`."""
+    if std not in ("sample", "population"):
+        raise ValueError(f"std must be 'sample' or 'population', got {std!r}")
     if norm not in ("std", "none"):
         raise ValueError(f"norm must be 'std' or 'none', got {norm!r}")
     if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0):
         raise ValueError(f"eps must be >= 0, got {eps!r}")
 
 
-def normalise_in_groups(values: np.ndarray, group_ids: np.ndarray, *, norm: Norm = "std", eps: float = 1e-6) -> np.ndarray:
+def normalise_in_groups(
+    values: np.ndarray, group_ids: np.ndarray, *, norm: Norm = "std", eps: float = 1e-6, std: StdConvention = "sample"
+) -> np.ndarray:
     """Group-relative normalisation ``(x - mean_g) / F_norm_g``.
 
-    ``F_norm`` is the unbiased (ddof=1) group std plus ``eps`` for ``norm="std"`` (as
-    ``torch.std`` in verl's ``compute_grpo_outcome_advantage`` and in verl-agent's GiGPO), or 1
-    for ``norm="none"``. Values are shifted by their group minimum and the mean is removed
+    ``F_norm`` is the group std plus ``eps`` for ``norm="std"`` - the unbiased (ddof=1) std by
+    default (as ``torch.std`` in verl's ``compute_grpo_outcome_advantage`` and in verl-agent's
+    GiGPO), the population (ddof=0) std with ``std="population"`` - or 1 for ``norm="none"``. Values are shifted by their group minimum and the mean is removed
     before squaring, all in float64 and in a canonical (group, value) order, so equal values
     give exactly 0 and the result does not depend on row order. Members of singleton groups
     get 0. A group whose ``std + eps`` is 0 (equal values with ``eps=0``) is divided by 1.
@@ -38,12 +47,13 @@ def normalise_in_groups(values: np.ndarray, group_ids: np.ndarray, *, norm: Norm
         group_ids: (N,) int, any integer labels (compacted internally).
         norm: ``"std"`` or ``"none"``.
         eps: >= 0, added to the std.
+        std: ``"sample"`` or ``"population"`` (see :data:`StdConvention`).
     Returns:
         (N,) float64 in the input order.
     Raises:
         ValueError: unknown ``norm``, ``eps < 0``, or lengths differ.
     """
-    check_norm(norm, eps)
+    check_norm(norm, eps, std)
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     g = np.asarray(group_ids).reshape(-1)
     if v.shape != g.shape:
@@ -62,7 +72,8 @@ def normalise_in_groups(values: np.ndarray, group_ids: np.ndarray, *, norm: Norm
     centred = d - mean[gs]
     if norm == "std":
         sq = np.bincount(gs, weights=centred * centred, minlength=num)
-        denom = np.sqrt(sq / np.maximum(count - 1.0, 1.0)) + eps
+        ddof = 1.0 if std == "sample" else 0.0
+        denom = np.sqrt(sq / np.maximum(count - ddof, 1.0)) + eps
         centred = centred / np.where(denom > 0, denom, 1.0)[gs]
     centred[count[gs] <= 1] = 0.0
     out = np.empty_like(centred)

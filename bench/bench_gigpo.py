@@ -4,14 +4,17 @@ Times, in one process on the same synthetic batch:
 
 * ``reference`` - a naive dict-and-loop Python implementation (the baseline, ratio 1.0);
 * ``pure`` - :func:`algos.gigpo.gigpo_advantages` (returns, A^E, anchor groups, A^S, A);
-* ``memory index`` / ``redis index`` - :class:`orchestrator.anchors.index.MemoryAnchorIndex`
-  and :class:`~orchestrator.anchors.index.RedisAnchorIndex`: insert all steps (returns given),
-  then query every step's A^S; reported as insert, query and total.
+* ``memory index`` / ``redis index`` - :class:`orchestrator.anchors.memory.MemoryAnchorIndex`
+  and :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex`: insert all steps (returns
+  given), then query every step's A^S; reported as insert, query and total;
+* ``memory actor`` - the memory index served by its own Ray actor, reached through
+  :class:`~orchestrator.anchors.remote.RemoteAnchorIndex` (how an orchestrator actor's workers
+  reach it without Redis): the same calls, each one Ray round trip.
 
 Each entry is the best of ``--repeats`` runs; ratios are ``time / reference time`` (below 1
 is faster). Every variant's step advantages are checked against the reference (max |diff|).
 
-    python bench/bench_gigpo.py [--redis-url redis://127.0.0.1:6379/0] [--repeats 3]
+    python bench/bench_gigpo.py [--redis-url redis://127.0.0.1:6379/0] [--repeats 3] [--no-ray]
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--ray", action=argparse.BooleanOptionalAction, default=True, help="also time the memory index's Ray actor")
     args = ap.parse_args()
 
     tasks, runs, steps, rewards, hashes = make_batch(args.tasks, args.runs, args.steps)
@@ -126,6 +130,20 @@ def main() -> None:
     ins, q, adv = bench_index(MemoryAnchorIndex(), tasks, runs, steps, hashes, out.returns, "bench", args.repeats)
     d = float(np.max(np.abs(adv - ref_step)))
     rows += [("memory index: insert", ins, d), ("memory index: query", q, d), ("memory index: total", ins + q, d)]
+
+    if args.ray:
+        import ray
+
+        from orchestrator.anchors.remote import serve_memory_index
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="bench-gigpo")
+        try:
+            remote = serve_memory_index("bench-anchors", "bench-gigpo", ttl_s=3600.0)
+            ins, q, adv = bench_index(remote, tasks, runs, steps, hashes, out.returns, "bench", args.repeats)
+            d = float(np.max(np.abs(adv - ref_step)))
+            rows += [("memory actor: insert", ins, d), ("memory actor: query", q, d), ("memory actor: total", ins + q, d)]
+        finally:
+            ray.shutdown()
 
     if args.redis_url:
         idx = RedisAnchorIndex(args.redis_url, prefix=f"bench:{uuid.uuid4().hex[:8]}")

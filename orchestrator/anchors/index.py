@@ -18,9 +18,11 @@ steps before it are stored; a task is complete when its n runs are.
 
 Implementations:
 
-* :class:`MemoryAnchorIndex` - in process, thread safe (the embedded default). Picklable: a
-  pickled copy (e.g. sent to a worker process) is an independent snapshot.
-* :class:`RedisAnchorIndex` - redis-py. Each write is one Lua script per chunk of steps
+* :class:`~orchestrator.anchors.memory.MemoryAnchorIndex` - in process, thread safe (the
+  embedded default). Picklable: a pickled copy (e.g. sent to a worker process) is an
+  independent snapshot. Shared between processes by running it as a Ray actor
+  (:mod:`orchestrator.anchors.remote`).
+* :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex` - redis-py. Each write is one Lua script per chunk of steps
   (atomic, so concurrent writers never lose an update), all chunks in one pipelined round
   trip. Keys are ``{prefix}:{<batch key>}:<kind>`` (the batch key is a Redis Cluster hash
   tag, so one batch's keys share a slot) and expire ``ttl_s`` after the last write.
@@ -84,8 +86,16 @@ class AnchorStep:
 _SEPARATORS = re.compile("[\x1e\x1f]")
 
 
-def _validate(steps: Sequence[AnchorStep]) -> None:
-    for i, s in enumerate(steps):
+def _validate(steps: Sequence[AnchorStep | dict]) -> list[AnchorStep]:
+    """The steps as :class:`AnchorStep` objects (field dicts converted), checked.
+
+    Raises:
+        ValueError: a step without state hash, with a control character in its task or state,
+            a non-finite return or a negative index (the message names task, run and step).
+        TypeError: a dict with unknown or missing fields.
+    """
+    recs = [s if isinstance(s, AnchorStep) else AnchorStep(**s) for s in steps]
+    for i, s in enumerate(recs):
         if not s.state_hash or not isinstance(s.state_hash, str):
             raise ValueError(f"state_hash: missing ({s.state_hash!r}) for task {s.task!r} run {s.run} step {s.step} (item {i})")
         if not s.task or _SEPARATORS.search(s.task) or _SEPARATORS.search(s.state_hash):
@@ -97,14 +107,20 @@ def _validate(steps: Sequence[AnchorStep]) -> None:
             raise ValueError(f"ret: non-finite value {s.ret!r} for task {s.task!r} run {s.run} step {s.step} (item {i})")
         if s.run < 0 or s.step < 0:
             raise ValueError(f"run/step: negative value (run {s.run}, step {s.step}) for task {s.task!r} (item {i})")
+    return recs
 
 
 class AnchorIndex(ABC):
-    """Interface shared by the memory and Redis anchor indexes (see the module docstring)."""
+    """Interface shared by the memory and Redis anchor indexes (see the module docstring).
+
+    Backends implement storage (``insert``, ``_moments``, ``completed_runs``, ``group_sizes``,
+    ``stats``, ``drop``); the query maths (:meth:`step_advantages`) is written once, here.
+    """
 
     @abstractmethod
-    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
-        """Record steps of ``batch_key``; returns how many were new (duplicates are no-ops).
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
+        """Record steps of ``batch_key`` (:class:`AnchorStep` objects or their field dicts);
+        returns how many were new (duplicates are no-ops).
 
         Raises:
             ValueError: a step without state hash, a non-finite return, a negative index.
@@ -226,20 +242,3 @@ class AnchorIndex(ABC):
 
 def _histogram(sizes: Iterable[int]) -> dict[int, int]:
     return dict(sorted(Counter(int(s) for s in sizes).items()))
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def make_anchor_index(redis_url: str | None = None, **kwargs: Any) -> AnchorIndex:
-    """:class:`RedisAnchorIndex` when ``redis_url`` is given, else :class:`MemoryAnchorIndex`.
-
-    ``kwargs`` go to the constructor (``prefix`` and the Redis options are ignored by the
-    memory index).
-    """
-    from orchestrator.anchors.memory import MemoryAnchorIndex
-    from orchestrator.anchors.redis_index import RedisAnchorIndex
-
-    if redis_url:
-        return RedisAnchorIndex(redis_url, **kwargs)
-    return MemoryAnchorIndex(**{k: v for k, v in kwargs.items() if k == "ttl_s"})

@@ -65,8 +65,8 @@ class MemoryAnchorIndex(AnchorIndex):
         for k in [k for k, b in self._batches.items() if now - b.touched > self.ttl_s]:
             del self._batches[k]
 
-    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
-        _validate(steps)
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
+        steps = _validate(steps)
         with self._lock:
             self._expire()
             b = self._batches.setdefault(batch_key, _MemBatch())

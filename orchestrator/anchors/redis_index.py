@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,29 @@ def _url_password(url: str) -> str | None:
         return None
 
 
+def _timed(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Report the wrapped operation's latency (seconds) and failure to the index's ``observe``
+    callback as ``op`` (one of ``insert``, ``query``, ``complete``, ``stats``, ``delete``, ``ping``)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(self: RedisAnchorIndex, *args: Any, **kwargs: Any) -> Any:
+            if self.observe is None:
+                return fn(self, *args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                out = fn(self, *args, **kwargs)
+            except Exception:
+                self.observe(op, time.perf_counter() - t0, True)
+                raise
+            self.observe(op, time.perf_counter() - t0, False)
+            return out
+
+        return timed
+
+    return wrap
+
+
 def _field(task: str, *rest: Any) -> str:
     # task prefixed by its UTF-8 byte length (as Lua's #task) so ids containing '|' cannot collide
     return f"{len(task.encode())}:{task}|" + "|".join(str(x) for x in rest)
@@ -53,6 +77,14 @@ class RedisAnchorIndex(AnchorIndex):
             1000 steps).
         read_retries: extra attempts for reads after a connection error (with backoff).
         socket_timeout: seconds, for connect and commands.
+        observe: optional ``observe(op, seconds, error)`` called after each operation (e.g.
+            :meth:`orchestrator.service.metrics.DSOMetrics.observe_redis_op`); not pickled
+            (metrics belong to one process).
+        guard: the token of the run's guard key ``{prefix}:guard`` (see :meth:`ensure_guard`),
+            given by the orchestrator to its workers. With it, a client that has not seen a
+            batch's epoch checks the guard before touching the batch: when Redis lost its data
+            since the orchestrator set the guard, the batch is refused instead of being started
+            afresh from the steps this client happens to hold.
     """
 
     def __init__(
@@ -64,6 +96,8 @@ class RedisAnchorIndex(AnchorIndex):
         chunk_size: int = 1000,
         read_retries: int = 3,
         socket_timeout: float = 5.0,
+        observe: Callable[[str, float, bool], None] | None = None,
+        guard: str | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
@@ -77,6 +111,8 @@ class RedisAnchorIndex(AnchorIndex):
         self.chunk_size = chunk_size
         self.read_retries = read_retries
         self.socket_timeout = socket_timeout
+        self.observe = observe
+        self.guard = guard
         self._client: Any = None
         self._script: Any = None
         self._epochs: dict[str, str] = {}
@@ -86,6 +122,7 @@ class RedisAnchorIndex(AnchorIndex):
         state = self.__dict__.copy()
         state["_client"] = None
         state["_script"] = None
+        state["observe"] = None
         return state
 
     def _where(self) -> str:
@@ -106,6 +143,7 @@ class RedisAnchorIndex(AnchorIndex):
             self._script = self._client.register_script(_INSERT_LUA)
         return self._client
 
+    @_timed("ping")
     def ping(self) -> float:
         """One PING on a fresh connection (no retries); returns the round trip in seconds.
 
@@ -156,6 +194,45 @@ class RedisAnchorIndex(AnchorIndex):
                 raise AnchorIndexError(f"{self._where()}: {op} failed: {exc}") from exc
         raise AssertionError("unreachable")
 
+    def _guard_key(self) -> str:
+        return f"{self.prefix}:guard"
+
+    def ensure_guard(self, token: str | None = None) -> tuple[str, bool]:
+        """Set the run's guard key (no expiry) if absent; returns ``(token in Redis, lost)``.
+
+        Args:
+            token: the token this run set before (from the orchestrator's state file), or None.
+        Returns:
+            The guard token now in Redis, and True when ``token`` was given but Redis no longer
+            holds it (Redis lost its data since: every batch written before is gone).
+        Raises:
+            AnchorIndexError: Redis unreachable.
+        """
+        new = uuid.uuid4().hex
+        key = self._guard_key()
+
+        def write(c: Any) -> Any:
+            c.set(key, new, nx=True)
+            return c.get(key)
+
+        raw = self._read("guard", write)  # SET NX is idempotent: safe to retry
+        current = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self.guard = current
+        return current, token is not None and token != current
+
+    def _check_guard(self, batch_key: str, op: str) -> None:
+        """For a batch this client has not seen: refuse when Redis lost the run's data."""
+        if self.guard is None or batch_key in self._epochs:
+            return
+        raw = self._read(f"{op}: guard", lambda c: c.get(self._guard_key()))
+        current = raw.decode() if isinstance(raw, bytes) else raw
+        if current != self.guard:
+            raise AnchorIndexError(
+                f"{self._where()}: {op}: batch {batch_key!r} refused: Redis lost its data since the orchestrator "
+                f"started this run (guard {self.guard} {'gone' if current is None else 'replaced by ' + current}; "
+                f"server restarted without persistence, or flushed)"
+            )
+
     def _check_epoch(self, batch_key: str, epoch: str | None, op: str) -> None:
         seen = self._epochs.get(batch_key)
         if epoch is None:
@@ -172,12 +249,14 @@ class RedisAnchorIndex(AnchorIndex):
         self._epochs[batch_key] = epoch
 
     # -- API
-    def insert(self, batch_key: str, steps: Sequence[AnchorStep]) -> int:
+    @_timed("insert")
+    def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
         import redis
 
-        _validate(steps)
+        steps = _validate(steps)
         if not steps:
             return 0
+        self._check_guard(batch_key, "insert")
         keys = self._keys(batch_key)
         ttl_ms = str(int(self.ttl_s * 1000))
         new_epoch = uuid.uuid4().hex
@@ -226,7 +305,9 @@ class RedisAnchorIndex(AnchorIndex):
         raw = self._read(f"epoch of batch {batch_key!r}", lambda c: c.hget(keys[0], "epoch"))
         return raw.decode() if raw is not None else None
 
+    @_timed("query")
     def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        self._check_guard(batch_key, "query")
         keys = self._keys(batch_key)
         fields = [_field(t, h) for t, h in group_keys]
 
@@ -246,16 +327,44 @@ class RedisAnchorIndex(AnchorIndex):
         done = {t: int(v) if v is not None else 0 for t, v in zip(tasks, raw_done, strict=True)}
         return m, done
 
+    def _read_checked(self, batch_key: str, op: str, key: str, fn: Any) -> Any:
+        """``fn(pipe, key)`` with the batch's epoch read in the same transaction and checked.
+
+        Returns None for a batch this client never saw and Redis does not hold (unknown).
+        """
+        self._check_guard(batch_key, op)
+        meta = self._keys(batch_key)[0]
+
+        def read(c: Any) -> list[Any]:
+            pipe = c.pipeline(transaction=True)  # one consistent snapshot
+            pipe.hget(meta, "epoch")
+            fn(pipe, key)
+            return pipe.execute()
+
+        raw_epoch, out = self._read(f"{op} of batch {batch_key!r}", read)
+        if raw_epoch is None and batch_key not in self._epochs:
+            return None
+        self._check_epoch(batch_key, raw_epoch.decode() if raw_epoch is not None else None, op)
+        return out
+
+    @_timed("complete")
     def completed_runs(self, batch_key: str) -> dict[str, int]:
-        key = self._keys(batch_key)[4]
-        raw = self._read(f"completed runs of batch {batch_key!r}", lambda c: c.hgetall(key))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        """Complete runs per task (``{}`` for a batch unknown to this client and to Redis).
 
+        Raises:
+            AnchorIndexError: the batch's state was lost since this client saw it, or Redis lost
+                the run's data (``guard``), or Redis failed.
+        """
+        raw = self._read_checked(batch_key, "completed runs", self._keys(batch_key)[4], lambda p, k: p.hgetall(k))
+        return {k.decode(): int(v) for k, v in (raw or {}).items()}
+
+    @_timed("stats")
     def group_sizes(self, batch_key: str) -> np.ndarray:
-        key = self._keys(batch_key)[2]
-        vals = self._read(f"group sizes of batch {batch_key!r}", lambda c: c.hvals(key))
-        return np.sort(np.asarray([int(v.split()[0]) for v in vals], dtype=np.int64))
+        """Steps per anchor group, ascending (empty for an unknown batch); raises as :meth:`completed_runs`."""
+        vals = self._read_checked(batch_key, "group sizes", self._keys(batch_key)[2], lambda p, k: p.hvals(k))
+        return np.sort(np.asarray([int(v.split()[0]) for v in (vals or [])], dtype=np.int64))
 
+    @_timed("stats")
     def stats(self) -> dict[str, Any]:
         def read(c: Any) -> dict[str, Any]:
             batches = sorted(b.decode() for b in c.smembers(self._registry()))
@@ -287,6 +396,7 @@ class RedisAnchorIndex(AnchorIndex):
 
         return self._read("stats", read)
 
+    @_timed("delete")
     def drop(self, batch_key: str) -> int:
         import redis
 

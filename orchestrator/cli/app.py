@@ -202,3 +202,7 @@ except ImportError:  # pragma: no cover - while it is being written
     _register_service = None
 if _register_service is not None:
     _register_service(app)
+
+from orchestrator.jobs.cli import register as _register_training  # noqa: E402  (train, ablate-dapo)
+
+_register_training(app)

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.core.errors import describe_errors
-from orchestrator.core.stats import Stats
+from orchestrator.core.stats import BatchStats, Stats
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -108,7 +108,10 @@ def status_table(stats: dict, url: str = ""):
     t.add_column("measure")
     t.add_column("value", justify="right")
     for key, field in Stats.model_fields.items():
-        if key in stats:
+        if key == "last_batch" and isinstance(stats.get(key), dict):
+            for sub, sub_field in BatchStats.model_fields.items():
+                t.add_row(sub_field.title or sub, _fmt(stats[key].get(sub)))
+        elif key in stats:
             t.add_row(field.title or key, _fmt(stats[key]))
     return t
 

@@ -47,6 +47,7 @@ class TaskHistory:
         correct: np.ndarray,
         reasons: np.ndarray,
         model_versions: np.ndarray,
+        valid: np.ndarray | None = None,
     ) -> None:
         """Merge G groups into the history.
 
@@ -55,11 +56,14 @@ class TaskHistory:
             rewards: (G, n) float. Rewards of each group's rollouts.
             correct: (G, n) bool. Whether each rollout counts as correct.
             reasons: (G,) int8. :class:`GroupReason` code of each group.
-            model_versions: (G,) int64. Policy version of each group.
+            model_versions: (G,) int64. Model version of each group.
+            valid: optional (G, n) bool. Members to count (masked members are left out).
         Groups of a repeated task are merged in submission order (one vectorised pass per
         repetition rank), so consecutive all-correct / all-wrong counts stay exact.
         """
         task_idx = np.asarray(task_idx, dtype=np.int64)
+        rewards = np.asarray(rewards, dtype=np.float64)
+        valid = np.ones(rewards.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
         # Rank of each occurrence of a task within this submission: 0 for first, 1 for second...
         order = np.argsort(task_idx, kind="stable")
         sorted_idx = task_idx[order]
@@ -69,20 +73,21 @@ class TaskHistory:
         rank[order] = rank_sorted
         for r in range(int(rank.max(initial=-1)) + 1):
             sel = rank == r
-            self._merge(task_idx[sel], rewards[sel], correct[sel], reasons[sel], model_versions[sel])
+            self._merge(task_idx[sel], rewards[sel], correct[sel], reasons[sel], model_versions[sel], valid[sel])
 
-    def _merge(self, t, rewards, correct, reasons, versions) -> None:
-        m = rewards.shape[1]
-        mu_b = rewards.mean(axis=1)
-        m2_b = ((rewards - mu_b[:, None]) ** 2).sum(axis=1)
+    def _merge(self, t, rewards, correct, reasons, versions, valid) -> None:
+        m = valid.sum(axis=1).astype(np.float64)
+        r = np.where(valid, rewards, 0.0)
+        mu_b = r.sum(axis=1) / np.maximum(m, 1.0)
+        m2_b = (np.where(valid, rewards - mu_b[:, None], 0.0) ** 2).sum(axis=1)
         n_a = self.rollouts[t].astype(np.float64)
         n = n_a + m
         delta = mu_b - self.mean[t]
         self.mean[t] += delta * m / n
         self.m2[t] += m2_b + delta**2 * n_a * m / n
-        self.rollouts[t] += m
+        self.rollouts[t] += m.astype(np.int64)
         self.groups[t] += 1
-        self.correct[t] += correct.sum(axis=1)
+        self.correct[t] += (correct & valid).sum(axis=1)
         self.informative[t] += reasons == GroupReason.INFORMATIVE
         all_correct = reasons == GroupReason.ALL_CORRECT
         all_wrong = reasons == GroupReason.ALL_WRONG

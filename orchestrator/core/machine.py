@@ -12,6 +12,30 @@ Life of a batch::
                       informative -> carry pool; otherwise -> padding candidates / dropped
     try_emit()    -> Batch of exactly target_groups when the carry pool holds enough
     cap_reached() -> close_at_cap(): pad | partial | raise, per policy.on_cap
+    exhausted()   -> finish(): the last batch (per on_cap) or DataExhaustedError
+
+Semantics users rely on (each tested):
+
+* A group is judged on one outcome per rollout. A multi-turn trajectory is one rollout
+  (:func:`trajectory_rollouts` sums its step rewards and keeps its last step's metrics), so a
+  long trajectory weighs as much as a short one and per-step rows never make an all-solved
+  group look informative. Rollout counters count rollouts, never steps.
+* Group validity (``policy.group_validity``): ``reject`` refuses a group with a NaN, inf or
+  missing reward or judged value, or fewer than ``group_size`` rollouts; ``mask`` marks those
+  members (``info["dso_masked"]``, ``info["dso_loss_weight"] = 0``), leaves them out of the
+  filter and of the baseline, and keeps the group while ``min_valid_group_size`` remain.
+  :meth:`submit` is all-or-nothing (``on_invalid="raise"``); the Trinity route uses
+  ``on_invalid="drop"``: an invalid group is dropped with reason ``invalid``, the others go on.
+* Staleness: a rollout's *lag* is ``model_version - rollout_model_version`` in model versions,
+  where ``model_version`` is the newest version the orchestrator has seen *when the batch is
+  assembled* (:meth:`try_emit` / :meth:`close_at_cap`) and ``rollout_model_version`` is the
+  rollout's ``info["model_version"]`` (else its group's). Lag > ``max_staleness`` is stale.
+  ``stale_members="oldest"``: the oldest member decides and the group is dropped as ``stale``;
+  ``"mask"``: stale members are masked as above.
+* End of data: with ``max_epochs`` or ``max_rollouts`` set, :meth:`plan_round` plans nothing
+  once the task order passed its last epoch or the budget cannot pay for one more group;
+  :meth:`finish` then releases what is kept as a last batch per ``on_cap`` (or raises
+  :class:`DataExhaustedError` when nothing is kept).
 
 Accounting invariant (checked by the tests)::
 
@@ -24,16 +48,21 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
+from orchestrator.core.errors import short_repr
 from orchestrator.core.history import TaskHistory
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.stats import COUNTERS, Stats, TaskStats
+from orchestrator.core.stats import COUNTERS, BatchStats, Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Purpose, UnknownTaskError
+from orchestrator.core.validate import MAX_INT32, check_group
+
+log = logging.getLogger("trinity_dso.core")
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
@@ -41,6 +70,63 @@ ROUNDS_KEPT = 256
 
 class ReplenishCapError(RuntimeError):
     """The replenish-round cap was hit under ``on_cap='raise'``. The open batch is kept."""
+
+
+class DataExhaustedError(RuntimeError):
+    """No task is left to roll out (``max_epochs`` or ``max_rollouts`` reached) and no batch remains."""
+
+
+def rollout_versions(group: Group) -> np.ndarray:
+    """(n,) int64: the model version of each rollout (``info["model_version"]``, else the group's)."""
+    return np.array([int(r.info.get("model_version", group.model_version)) for r in group.rollouts], dtype=np.int64)
+
+
+def rollout_lags(batch: Batch) -> list[int]:
+    """Staleness lag, in model versions, of every trained rollout of a batch (not padding, not masked).
+
+    ``lag = batch.model_version - rollout model version`` (see the module docstring).
+    """
+    return [
+        int(batch.model_version - v)
+        for g in batch.groups if not g.padding
+        for r, v in zip(g.rollouts, rollout_versions(g).tolist()) if not r.info.get("dso_masked")
+    ]
+
+
+def trajectory_rollouts(steps: list[Experience]) -> list[Experience]:
+    """One rollout per trajectory from multi-turn step experiences, for the filter.
+
+    Step rows sharing ``(eid.task, eid.round_tag, eid.run)`` form one trajectory, ordered by
+    ``eid.step``. Its rollout has ``reward`` = the sum of the step rewards (the trajectory's
+    outcome; a single-turn rollout keeps its reward), the last step's ``metrics`` (e.g. a
+    terminal ``accuracy``), ``info["model_version"]`` = the oldest step's (staleness is judged
+    by the oldest), ``info["num_steps"]`` and ``info["steps"]`` (the step experiences, in order).
+
+    Args:
+        steps: experiences of any number of trajectories, in any order.
+    Returns:
+        one :class:`Experience` per trajectory, in order of first appearance.
+    """
+    by_traj: dict[tuple[str, str, int], list[Experience]] = {}
+    for e in steps:
+        by_traj.setdefault((e.eid.task, e.eid.round_tag, int(e.eid.run)), []).append(e)
+    out = []
+    for (task, tag, run), rows in by_traj.items():
+        if len(rows) == 1 and rows[0].eid.step == 0:
+            out.append(rows[0])
+            continue
+        rows = sorted(rows, key=lambda e: e.eid.step)
+        versions = [int(e.info["model_version"]) for e in rows if "model_version" in e.info]
+        info = {"num_steps": len(rows), "steps": rows}
+        if versions:
+            info["model_version"] = min(versions)
+        out.append(Experience(
+            eid=ExperienceId(task=task, run=run, step=0, round_tag=tag),
+            reward=float(sum(e.reward for e in rows)),
+            info=info,
+            metrics=dict(rows[-1].metrics),
+        ))
+    return out
 
 
 @dataclass
@@ -58,6 +144,10 @@ class RoundPlan:
     purpose: Purpose
     round: int
     batch_id: int
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
 
 
 def group_to_dict(group: Group) -> dict:
@@ -110,6 +200,13 @@ class OrchestratorCore:
         self.classified_by_reason = {r.label: 0 for r in GroupReason}
         self.dropped_by_reason = {r.label: 0 for r in GroupReason if r != GroupReason.INFORMATIVE}
         self.rounds_per_batch: list[int] = []
+        self.requeue: list[str] = []  # tasks of stale groups to roll again (requeue_stale)
+        self.window = self._new_window()  # per-batch sums since the last release
+        self.last_batch: dict = {}  # per-batch reward metrics of the last released batch
+
+    @staticmethod
+    def _new_window() -> dict:
+        return {"reward_sum_all": 0.0, "reward_count_all": 0, "reward_sum_kept": 0.0, "reward_count_kept": 0, "rollouts": 0}
 
     # ------------------------------------------------------------------ policy
     def set_policy(self, policy: ResamplingPolicy) -> int:
@@ -128,7 +225,13 @@ class OrchestratorCore:
         return self.policy_revision
 
     def set_model_version(self, version: int) -> None:
-        """Record the trainer's newest model version (model weights); used for staleness."""
+        """Record the trainer's newest model version (model weights); used for staleness.
+
+        Raises:
+            ValueError: not an integer in [0, 2**31 - 1].
+        """
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version <= MAX_INT32:
+            raise ValueError(f"model_version: expected an integer in [0, {MAX_INT32}], got {short_repr(version)}")
         self.model_version = max(self.model_version, int(version))
 
     # ------------------------------------------------------------------ tasks
@@ -136,22 +239,35 @@ class OrchestratorCore:
         try:
             return self._index[task_id]
         except KeyError:
-            raise UnknownTaskError(f"task_id: unknown task {task_id!r} (task set has {len(self.task_ids)} tasks)") from None
+            raise UnknownTaskError(f"task_id: unknown task {short_repr(task_id)} (task set has {len(self.task_ids)} tasks)") from None
+        except TypeError:  # unhashable
+            raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
 
     def select_tasks(self, count: int) -> list[str]:
+        """Up to ``count`` next tasks (see :meth:`_draw_tasks`), within ``max_epochs`` and the rollout
+        budget (``max_rollouts`` counts ``group_size`` rollouts per task handed out)."""
+        left = self.rollouts_left()
+        if left is not None:
+            count = min(count, left // self.policy.group_size)
+        tasks = self._draw_tasks(count)
+        self.counters["rollouts_planned"] += len(tasks) * self.policy.group_size
+        return tasks
+
+    def _draw_tasks(self, count: int) -> list[str]:
         """Next ``count`` tasks in epoch order, skipping tasks in a history cooldown.
 
         Each epoch is a seeded permutation of the task set. A task skipped by the rules
         ``skip_after_all_correct`` / ``skip_after_all_wrong`` sits out ``cooldown_epochs``.
         When every task is cooling down, the order moves to the next epoch (at most
-        ``cooldown_epochs + 1`` epochs ahead), so selection always terminates.
+        ``cooldown_epochs + 1`` epochs ahead), so selection always terminates. Nothing is drawn
+        once ``max_epochs`` epochs have passed.
         """
         chosen: list[str] = []
         idle_epochs = 0
-        while len(chosen) < count and idle_epochs <= self.policy.cooldown_epochs + 1:
+        while len(chosen) < count and idle_epochs <= self.policy.cooldown_epochs + 1 and not self.epochs_done():
             rest = self._epoch_order(self.epoch)[self.cursor :]
             eligible = np.flatnonzero(self.history.skip_until_epoch[rest] <= self.epoch)
             take = eligible[: count - len(chosen)]
@@ -166,6 +282,40 @@ class OrchestratorCore:
                 self.cursor = 0
         return chosen
 
+    # ------------------------------------------------------------------ end of data
+    def epochs_done(self) -> bool:
+        """True once the task order has passed ``policy.max_epochs`` epochs."""
+        return self.policy.max_epochs is not None and self.epoch >= self.policy.max_epochs
+
+    def rollouts_left(self) -> int | None:
+        """Rollouts the budget still allows (None without ``max_rollouts``)."""
+        if self.policy.max_rollouts is None:
+            return None
+        c = self.counters
+        return max(0, self.policy.max_rollouts - c["rollouts_planned"])
+
+    def exhausted(self) -> bool:
+        """True when no further round can be planned: epochs done, or no budget for one more group."""
+        left = self.rollouts_left()
+        return self.epochs_done() or (left is not None and left < self.policy.group_size)
+
+    def finish(self) -> Batch | None:
+        """At the end of data: release what is kept as the last batch, per ``on_cap``.
+
+        Returns:
+            the last batch (``pad``: kept groups plus padding; ``partial``: kept groups only),
+            or None when no informative group is held (the padding candidates are dropped).
+        Raises:
+            ReplenishCapError: ``on_cap='raise'`` and a short batch is held (nothing changes).
+        """
+        self._drop_stale()
+        if not self.carry:
+            for g in self.candidates:
+                self._drop(g, g.reason)
+            self.candidates = []
+            return None
+        return self.close_at_cap()
+
     # ------------------------------------------------------------------ rounds
     def predicted_keep_rate(self) -> float:
         """Laplace-smoothed share of groups classified informative so far: (k + 1) / (g + 2)."""
@@ -176,9 +326,16 @@ class OrchestratorCore:
         return max(0, self.policy.target_groups - len(self.carry))
 
     def cap_reached(self) -> bool:
-        """True when the open batch may not start another replenish round."""
+        """True when the open batch may not start another replenish round.
+
+        Filter-only mode (``replenish='none'``): as soon as the initial round has run.
+        """
+        if self.missing_groups() == 0 or self.rounds_started == 0:
+            return False
+        if self.policy.replenish == "none":
+            return True
         cap = self.policy.max_replenish_rounds
-        return cap > 0 and self.rounds_started > cap and self.missing_groups() > 0
+        return cap > 0 and self.rounds_started > cap
 
     def replenish_blocked(self) -> bool:
         """True when the next round would be a replenish round and replenishment is paused."""
@@ -187,34 +344,43 @@ class OrchestratorCore:
     def plan_round(self) -> RoundPlan:
         """Plan the next round: only the missing count, sized by the predicted keep rate.
 
-        ``count = min(ceil(missing / max(min_keep_rate, p_keep)), max_tasks_per_round)``.
-        With ``replenish='same_tasks'``, replenish rounds re-roll this batch's dropped tasks
-        first (oldest first; not those a skip rule has just put in cooldown) and top up with
-        fresh tasks.
+        ``count = min(ceil(missing / max(min_keep_rate, p_keep)), max_tasks_per_round)``,
+        and no more than the rollout budget pays for. Tasks of stale groups (``requeue_stale``)
+        come first. With ``replenish='same_tasks'``, replenish rounds then re-roll this batch's
+        dropped tasks (oldest first; not those a skip rule has just put in cooldown) and top up
+        with fresh tasks. Plans nothing once :meth:`exhausted`.
         """
         missing = self.missing_groups()
         rnd = self.rounds_started
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
-        if missing == 0:
+        if missing == 0 or self.exhausted():
             return RoundPlan([], purpose, rnd, self.batch_id)
         p = max(self.policy.min_keep_rate, self.predicted_keep_rate())
         count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
-        task_ids: list[str] = []
+        left = self.rollouts_left()
+        if left is not None:
+            count = min(count, left // self.policy.group_size)
+        task_ids, self.requeue = self.requeue[:count], self.requeue[count:]
         if rnd > 0 and self.policy.replenish == "same_tasks":
             skip_until = self.history.skip_until_epoch
             rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
-            task_ids, self.dropped_task_ids = rerolls[:count], rerolls[count:]
-        task_ids += self.select_tasks(count - len(task_ids))
+            take = count - len(task_ids)
+            task_ids, self.dropped_task_ids = task_ids + rerolls[:take], rerolls[take:]
+        task_ids += self._draw_tasks(count - len(task_ids))
+        self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
         self.rounds_started += 1
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
 
     def next_tasks(self, count: int) -> list[str]:
-        """Exactly ``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
+        """``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
 
         Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then with
         ``replenish='same_tasks'`` this batch's dropped tasks (not those a skip rule has just
         put in cooldown), then fresh tasks in epoch order (:meth:`select_tasks`). Every task
-        handed out stays "in flight" until its group is submitted.
+        handed out stays "in flight" until its group is submitted. At the end of data
+        (:meth:`exhausted`: ``max_epochs`` passed, or the ``max_rollouts`` budget spent) fewer
+        come back, none once only requeued tasks were left; new tasks (re-rolls included)
+        count against the rollout budget, requeued ones were counted when first handed out.
 
         Raises:
             ValueError: ``count`` < 1.
@@ -222,15 +388,27 @@ class OrchestratorCore:
         if count < 1:
             raise ValueError(f"count: must be >= 1, got {count}")
         tasks, self.requeued = self.requeued[:count], self.requeued[count:]
-        if self.policy.replenish == "same_tasks" and len(tasks) < count:
+        want = count - len(tasks)
+        left = self.rollouts_left()
+        if left is not None:
+            want = min(want, left // self.policy.group_size)
+        if self.epochs_done():
+            want = 0
+        if self.policy.replenish == "same_tasks" and want > 0:
             skip_until = self.history.skip_until_epoch
             rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
-            take = rerolls[: count - len(tasks)]
+            take = rerolls[:want]
             tasks += take
+            want -= len(take)
             self.dropped_task_ids = rerolls[len(take):]
-        while len(tasks) < count:  # select_tasks may fall short when every task cools down
-            more = self.select_tasks(count - len(tasks))
-            tasks += more if more else self.task_ids[: count - len(tasks)]
+            self.counters["rollouts_planned"] += len(take) * self.policy.group_size
+        while want > 0 and not self.exhausted():  # select_tasks may fall short when every task cools down
+            more = self.select_tasks(want)
+            if not more and not self.exhausted():
+                more = self.task_ids[:want]
+                self.counters["rollouts_planned"] += len(more) * self.policy.group_size
+            tasks += more
+            want -= len(more)
         self.in_flight.extend(tasks)
         return tasks
 
@@ -245,103 +423,203 @@ class OrchestratorCore:
         return list(moved)
 
     # ------------------------------------------------------------------ submit
-    def _judged(self, group: Group) -> list[float]:
+    def judge_name(self, group: Group) -> str:
+        """The judged value of a group: ``policy.filter.judge``, with ``auto`` resolved.
+
+        ``auto`` judges ``metrics["accuracy"]`` (the unshaped outcome DAPO's scorers write) when
+        any rollout of the group carries it, else the reward.
+        """
         judge = self.policy.filter.judge
-        if judge == "reward":
-            return [r.reward for r in group.rollouts]
-        try:
-            return [r.metrics[judge] for r in group.rollouts]
-        except KeyError:
-            run = next(r.eid.run for r in group.rollouts if judge not in r.metrics)
+        if judge != "auto":
+            return judge
+        return "accuracy" if any("accuracy" in r.metrics for r in group.rollouts) else "reward"
+
+    def _judge_rows(self, group: Group) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(n,) judged values by run (NaN where unusable), (n,) valid flags, and the problems found."""
+        n = self.policy.group_size
+        judge = self.judge_name(group)
+        values = np.full(n, np.nan)
+        valid = np.zeros(n, dtype=bool)
+        problems = []
+        for r in group.rollouts:
+            reward = r.reward
+            value = reward if judge == "reward" else r.metrics.get(judge)
+            where = f"in run {r.eid.run} of task {group.task_id!r}"
+            if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                problems.append(f"reward: non-finite value {reward!r} {where}")
+            elif abs(reward) > self.policy.max_abs_reward:
+                problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={self.policy.max_abs_reward:g} {where}")
+            elif value is None:
+                problems.append(f"metrics[{judge!r}]: missing {where} (the filter judges it)")
+            elif not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > self.policy.max_abs_reward:
+                problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
+            elif not r.info.get("dso_masked"):
+                values[r.eid.run] = float(value)
+                valid[r.eid.run] = True
+        return values, valid, problems
+
+    def _check_group(self, g: Group) -> tuple[np.ndarray, np.ndarray]:
+        """Validate one group (no state change). Returns its (n,) judged values and valid flags.
+
+        Raises:
+            UnknownTaskError: a task id outside the task set.
+            InvalidGroupError: types and storable values (:func:`orchestrator.core.validate.check_group`:
+                wrong types, numpy scalars, values JSON cannot hold, negative or huge version,
+                oversize id), structure (empty, too many or, under ``reject``, too few rollouts;
+                duplicate or out-of-range runs; another task's experience) or values (non-finite
+                or missing reward / judged value under ``reject``; under ``mask``, fewer than
+                ``min_valid_group_size`` usable members).
+        """
+        p = self.policy
+        n = p.group_size
+        mask = p.group_validity == "mask"
+        check_group(g)
+        self.task_index(g.task_id)
+        if not g.rollouts:
+            raise InvalidGroupError(f"rollouts: group of task {g.task_id!r} is empty")
+        if len(g.rollouts) > n or (len(g.rollouts) < n and not mask):
             raise InvalidGroupError(
-                f"metrics[{judge!r}]: missing in run {run} of task {group.task_id!r} (the filter judges it)"
-            ) from None
+                f"rollouts: group of task {g.task_id!r} has {len(g.rollouts)} rollouts, expected group_size={n}"
+            )
+        runs = [r.eid.run for r in g.rollouts]
+        if len(set(runs)) != len(runs):
+            dup = next(x for x in runs if runs.count(x) > 1)
+            raise InvalidGroupError(f"eid.run: duplicate run id {dup} in group of task {g.task_id!r}")
+        if min(runs) < 0 or max(runs) >= n:
+            raise InvalidGroupError(f"eid.run: run ids {sorted(runs)} of task {g.task_id!r} not in [0, {n})")
+        other = next((r.eid.task for r in g.rollouts if r.eid.task != g.task_id), None)
+        if other is not None:
+            raise InvalidGroupError(f"eid.task: experience of task {other!r} in group of task {g.task_id!r}")
+        values, valid, problems = self._judge_rows(g)
+        if problems and not mask:
+            raise InvalidGroupError(problems[0])
+        if mask and valid.sum() < p.min_valid_group_size:
+            why = f" ({problems[0]})" if problems else ""
+            raise InvalidGroupError(
+                f"group_validity: task {g.task_id!r} has {int(valid.sum())} usable rollouts of {n}, below "
+                f"min_valid_group_size={p.min_valid_group_size}{why}"
+            )
+        return values, valid
+
+    def check_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`_check_group` of each group (no state change): their (n,) judged values and valid flags.
+
+        Raises:
+            see :meth:`_check_group`.
+        """
+        if not isinstance(groups, list):
+            raise InvalidGroupError(f"groups: expected a list of groups, got {short_repr(groups)}")
+        return [self._check_group(g) for g in groups]
 
     def validate(self, groups: list[Group]) -> np.ndarray:
         """Check groups before any state changes; raise naming the field, task and value.
 
         Returns:
-            (G, n) float64: the judged value (``policy.filter.judge``) of every rollout.
-
+            (G, n) float64: the judged value of every rollout by run (NaN for masked members).
         Raises:
-            UnknownTaskError: a task id outside the task set.
-            InvalidGroupError: empty group, wrong size, duplicate or out-of-range run ids,
-                experiences of another task, non-finite reward or judged value.
+            see :meth:`_check_group`.
         """
-        n = self.policy.group_size
-        judged_rows = []
-        for g in groups:
-            self.task_index(g.task_id)
-            if not g.rollouts:
-                raise InvalidGroupError(f"rollouts: group of task {g.task_id!r} is empty")
-            if len(g.rollouts) != n:
-                raise InvalidGroupError(
-                    f"rollouts: group of task {g.task_id!r} has {len(g.rollouts)} rollouts, expected group_size={n}"
-                )
-            runs = [r.eid.run for r in g.rollouts]
-            if len(set(runs)) != n:
-                dup = next(x for x in runs if runs.count(x) > 1)
-                raise InvalidGroupError(f"eid.run: duplicate run id {dup} in group of task {g.task_id!r}")
-            if min(runs) < 0 or max(runs) >= n:
-                raise InvalidGroupError(f"eid.run: run ids {sorted(runs)} of task {g.task_id!r} not in [0, {n})")
-            other = next((r.eid.task for r in g.rollouts if r.eid.task != g.task_id), None)
-            if other is not None:
-                raise InvalidGroupError(f"eid.task: experience of task {other!r} in group of task {g.task_id!r}")
-            for r in g.rollouts:
-                if not math.isfinite(r.reward):
-                    raise InvalidGroupError(f"reward: non-finite value {r.reward!r} in run {r.eid.run} of task {g.task_id!r}")
-            judged = self._judged(g)
-            bad = next((v for v in judged if not math.isfinite(v)), None)
-            if bad is not None:
-                raise InvalidGroupError(f"{self.policy.filter.judge}: non-finite value {bad!r} in task {g.task_id!r}")
-            judged_rows.append(judged)
-        return np.array(judged_rows, dtype=np.float64)
+        if not isinstance(groups, list):
+            raise InvalidGroupError(f"groups: expected a list of groups, got {short_repr(groups)}")
+        return np.array([self._check_group(g)[0] for g in groups], dtype=np.float64).reshape(len(groups), -1)
 
-    def submit(self, groups: list[Group]) -> list[Group]:
-        """Classify and take ownership of groups (all validated first; a rejected call changes nothing).
+    def submit(
+        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None
+    ) -> list[Group]:
+        """Classify and take ownership of groups.
 
         Args:
-            groups: G groups of exactly ``group_size`` rollouts.
+            groups: G groups of ``group_size`` rollouts (fewer allowed under ``group_validity='mask'``).
+            on_invalid: ``"raise"``: all groups are validated first and one invalid group
+                rejects the call, changing nothing (the direct actor API); ``"drop"``: each
+                invalid group is dropped with reason ``invalid`` (counted, logged) and the
+                others go on (the Trinity route).
+            checked: what :meth:`check_groups` returned for exactly these groups under the
+                current policy (they are not checked again); None checks here.
         Returns:
-            the same groups, with ``reason`` set to the filter's label.
+            the same groups, with ``reason`` set to the filter's label (``invalid`` for dropped ones).
         Raises:
-            see :meth:`validate`.
+            see :meth:`_check_group` (``on_invalid="raise"`` only).
         """
+        if on_invalid not in ("raise", "drop"):
+            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
         if not groups:
             return []
-        values = self.validate(groups)
-        f = self.policy.filter
-        rewards = np.array([[r.reward for r in g.rollouts] for g in groups], dtype=np.float64)
-        keep, reasons = classify_groups(
-            values, std_tol=f.std_tol, correct_threshold=f.correct_threshold, wrong_threshold=f.wrong_threshold, band=f.band
-        )
-        idx = np.array([self.task_index(g.task_id) for g in groups], dtype=np.int64)
-        versions = np.array([g.model_version for g in groups], dtype=np.int64)
-        self.history.update(idx, rewards, values >= f.correct_threshold, reasons, versions)
-        self.model_version = max(self.model_version, int(versions.max()))
-        self._apply_skip_rules(np.unique(idx))
-
-        c = self.counters
-        n = self.policy.group_size
+        results = iter(checked) if checked is not None else None
+        checked, rows, masks, invalid = [], [], [], []
+        for g in groups:
+            try:
+                values, valid = next(results) if results is not None else self._check_group(g)
+            except (InvalidGroupError, UnknownTaskError) as err:
+                if on_invalid == "raise":
+                    raise
+                invalid.append((g, err))
+                continue
+            checked.append(g)
+            rows.append(values)
+            masks.append(valid)
+        # one submission = one round of the open batch, whoever planned it
         purpose: Purpose = "initial" if self.rounds_submitted == 0 else "replenish"
         if purpose == "replenish":
-            c["replenish_rounds"] += 1
+            self.counters["replenish_rounds"] += 1
         rnd = self.rounds_submitted
         self.rounds_submitted += 1
+        back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+        self.in_flight = [t for t in self.in_flight if t not in back]
         for g in groups:
-            if g.task_id in self.in_flight:
-                self.in_flight.remove(g.task_id)
+            if isinstance(g, Group):
+                g.purpose, g.round = purpose, rnd
+        c = self.counters
+        for g, err in invalid:
+            log.warning("dropped invalid group of task %r: %s", g.task_id, err)
+            g.reason = GroupReason.INVALID.label
+            c["groups_submitted"] += 1
+            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += len(g.rollouts)
+            self.window["rollouts"] += len(g.rollouts)
+            self.classified_by_reason[g.reason] += 1
+            self._drop(g, g.reason)
+        if checked:
+            self._accept(checked, np.array(rows), np.array(masks))
+        return groups
+
+    def _accept(self, groups: list[Group], values: np.ndarray, valid: np.ndarray) -> None:
+        f = self.policy.filter
+        rewards = np.zeros(values.shape)
+        for i, g in enumerate(groups):
+            for r in g.rollouts:
+                if valid[i, r.eid.run]:
+                    rewards[i, r.eid.run] = float(r.reward)
+                elif not r.info.get("dso_masked"):
+                    r.info["dso_masked"] = "invalid"
+                    r.info["dso_loss_weight"] = 0.0
+        if f.enabled:
+            keep, reasons = classify_groups(
+                values, std_tol=f.std_tol, correct_threshold=f.correct_threshold, wrong_threshold=f.wrong_threshold,
+                band=f.band, valid=valid,
+            )
+        else:
+            keep = np.ones(len(groups), dtype=bool)
+            reasons = np.full(len(groups), GroupReason.INFORMATIVE, dtype=np.int8)
+        idx = np.array([self.task_index(g.task_id) for g in groups], dtype=np.int64)
+        versions = np.array([int(rollout_versions(g).min()) for g in groups], dtype=np.int64)
+        self.history.update(idx, rewards, valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold), reasons, versions, valid=valid)
+        self.model_version = max(self.model_version, max(int(rollout_versions(g).max()) for g in groups))
+        self._apply_skip_rules(np.unique(idx))
+
+        c, w = self.counters, self.window
         c["groups_submitted"] += len(groups)
         c["groups_kept_classified"] += int(keep.sum())
-        c["reward_sum_all"] += float(rewards.sum())
-        c["reward_count_all"] += rewards.size
-        c["reward_sum_kept"] += float(rewards[keep].sum())
-        c["reward_count_kept"] += int(keep.sum()) * n
+        c["rollouts_masked"] += int(sum(len(g.rollouts) for g in groups) - valid.sum())
+        for sums in (c, w):
+            sums["reward_sum_all"] += float(rewards[valid].sum())
+            sums["reward_count_all"] += int(valid.sum())
+            sums["reward_sum_kept"] += float(rewards[keep][valid[keep]].sum())
+            sums["reward_count_kept"] += int(valid[keep].sum())
         for g, code in zip(groups, reasons):
             g.reason = GroupReason(int(code)).label
-            g.purpose, g.round = purpose, rnd
             self.classified_by_reason[g.reason] += 1
-            c["rollouts_initial" if purpose == "initial" else "rollouts_replenish"] += n
+            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += len(g.rollouts)
+            w["rollouts"] += len(g.rollouts)
             if code == GroupReason.INFORMATIVE:
                 self.carry.append(g)
             else:
@@ -352,7 +630,6 @@ class OrchestratorCore:
             for g in self.candidates[:overflow]:
                 self._drop(g, g.reason)
             self.candidates = self.candidates[overflow:]
-        return groups
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
         p, h = self.policy, self.history
@@ -373,17 +650,47 @@ class OrchestratorCore:
 
     # ------------------------------------------------------------------ batches
     def _drop_stale(self) -> None:
-        s = self.policy.max_staleness
-        if s is None:
+        """Apply ``max_staleness`` to the carry pool, per member (see the module docstring)."""
+        p = self.policy
+        if p.max_staleness is None:
             return
         fresh = []
         for g in self.carry:
-            if g.model_version < self.model_version - s:
-                g.reason = GroupReason.STALE.label
-                self._drop(g, g.reason)
-            else:
+            in_play = np.array([not r.info.get("dso_masked") for r in g.rollouts])  # masked members no longer count
+            stale = in_play & (self.model_version - rollout_versions(g) > p.max_staleness)
+            if not stale.any():
                 fresh.append(g)
+                continue
+            if p.stale_members == "mask" and self._mask_stale(g, stale):
+                fresh.append(g)
+                continue
+            g.reason = GroupReason.STALE.label
+            self._drop(g, g.reason)
+            if p.requeue_stale:
+                self.requeue.append(g.task_id)
         self.carry = fresh
+
+    def _mask_stale(self, g: Group, stale: np.ndarray) -> bool:
+        """Mask a group's stale members if it stays usable (enough members, still informative)."""
+        values, valid, _ = self._judge_rows(g)
+        runs = np.array([r.eid.run for r in g.rollouts])
+        valid[runs[stale]] = False
+        if valid.sum() < self.policy.min_valid_group_size:
+            return False
+        f = self.policy.filter
+        if f.enabled:
+            keep, _ = classify_groups(
+                values[None], std_tol=f.std_tol, correct_threshold=f.correct_threshold,
+                wrong_threshold=f.wrong_threshold, band=f.band, valid=valid[None],
+            )
+            if not keep[0]:
+                return False
+        for r, old in zip(g.rollouts, stale):
+            if old:
+                r.info["dso_masked"] = "stale"
+                r.info["dso_loss_weight"] = 0.0
+        self.counters["rollouts_masked"] += int(stale.sum())
+        return True
 
     def _release(self, groups: list[Group], padding: list[Group], partial: bool) -> Batch:
         for g in padding:
@@ -400,6 +707,20 @@ class OrchestratorCore:
         c["rollouts_wasted"] += sum(len(g.rollouts) for g in padding)
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
+        trained = [float(r.reward) for g in groups for r in g.rollouts if not r.info.get("dso_masked")]
+        c["reward_sum_trained"] += float(sum(trained))
+        c["reward_count_trained"] += len(trained)
+        w = self.window
+        self.last_batch = {
+            "batch_id": self.batch_id,
+            "mean_reward_all": _ratio(w["reward_sum_all"], w["reward_count_all"]),
+            "mean_reward_kept": _ratio(w["reward_sum_kept"], w["reward_count_kept"]),
+            "mean_reward_trained": _ratio(float(sum(trained)), len(trained)),
+            "coverage": _ratio(len(trained), w["rollouts"]),
+            "rollouts_trained": len(trained),
+            "rollouts_generated": w["rollouts"],
+        }
+        self.window = self._new_window()
         rounds = max(0, self.rounds_submitted - 1)
         self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
         batch = Batch(self.batch_id, groups + padding, partial=partial, rounds=rounds, model_version=self.model_version)
@@ -462,6 +783,10 @@ class OrchestratorCore:
             keep_ratio=c["groups_kept_classified"] / c["groups_submitted"] if c["groups_submitted"] else None,
             mean_reward_all=c["reward_sum_all"] / c["reward_count_all"] if c["reward_count_all"] else None,
             mean_reward_kept=c["reward_sum_kept"] / c["reward_count_kept"] if c["reward_count_kept"] else None,
+            mean_reward_trained=_ratio(c["reward_sum_trained"], c["reward_count_trained"]),
+            coverage=_ratio(c["reward_count_trained"], rollouts),
+            last_batch=BatchStats(**self.last_batch) if self.last_batch else None,
+            exhausted=self.exhausted(),
             rollouts_total=rollouts,
             rollouts_per_emitted_group=rollouts / emitted_inf if emitted_inf else None,
             rounds_per_batch=list(self.rounds_per_batch),
@@ -479,8 +804,19 @@ class OrchestratorCore:
         return TaskStats(task_id=task_id, **self.history.row(self.task_index(task_id)))
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """Everything needed to resume: JSON-serialisable."""
+    def held_groups(self) -> list[Group]:
+        """The groups the core holds: the carry pool, then the open batch's padding candidates."""
+        return self.carry + self.candidates
+
+    def state_dict(self, payloads: bool = True) -> dict:
+        """Everything needed to resume: JSON-serialisable.
+
+        Args:
+            payloads: True puts the held groups themselves in ``carry`` / ``candidates``; False
+                only their ``Group.key`` (the service stores the groups once, elsewhere, so the
+                state stays small whatever the groups hold).
+        """
+        held = (lambda gs: [group_to_dict(g) for g in gs]) if payloads else (lambda gs: [g.key for g in gs])
         return {
             "version": 1,
             "policy": self.policy.model_dump(mode="json"),
@@ -497,16 +833,26 @@ class OrchestratorCore:
             "in_flight": list(self.in_flight),
             "requeued": list(self.requeued),
             "dropped_task_ids": list(self.dropped_task_ids),
-            "carry": [group_to_dict(g) for g in self.carry],
-            "candidates": [group_to_dict(g) for g in self.candidates],
+            "carry": held(self.carry),
+            "candidates": held(self.candidates),
             "counters": dict(self.counters),
             "classified_by_reason": dict(self.classified_by_reason),
             "dropped_by_reason": dict(self.dropped_by_reason),
             "rounds_per_batch": list(self.rounds_per_batch),
+            "requeue": list(self.requeue),
+            "window": dict(self.window),
+            "last_batch": dict(self.last_batch),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore from :meth:`state_dict`. Raises ValueError when the task set differs."""
+    def load_state_dict(self, state: dict, groups: dict[str, Group] | None = None) -> None:
+        """Restore from :meth:`state_dict`.
+
+        Args:
+            groups: the held groups by key, for a state saved with ``payloads=False``.
+        Raises:
+            ValueError: the task set differs.
+            KeyError: a held group's key is missing from ``groups``.
+        """
         if state["task_ids"] != self.task_ids:
             raise ValueError("task_ids: the saved state belongs to a different task set")
         self.policy = ResamplingPolicy.parse(state["policy"])
@@ -519,9 +865,16 @@ class OrchestratorCore:
         self.in_flight = list(state.get("in_flight", []))
         self.requeued = list(state.get("requeued", []))
         self.dropped_task_ids = list(state["dropped_task_ids"])
-        self.carry = [group_from_dict(g) for g in state["carry"]]
-        self.candidates = [group_from_dict(g) for g in state["candidates"]]
-        self.counters = dict(state["counters"])
-        self.classified_by_reason = dict(state["classified_by_reason"])
-        self.dropped_by_reason = dict(state["dropped_by_reason"])
+        def held(items: list) -> list[Group]:
+            return [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
+
+        self.carry = held(state["carry"])
+        self.candidates = held(state["candidates"])
+        # checkpoints from before a counter or reason existed resume with it at 0
+        self.counters = {**self.counters, **state["counters"]}
+        self.classified_by_reason = {**self.classified_by_reason, **state["classified_by_reason"]}
+        self.dropped_by_reason = {**self.dropped_by_reason, **state["dropped_by_reason"]}
         self.rounds_per_batch = list(state["rounds_per_batch"])
+        self.requeue = list(state.get("requeue", []))
+        self.window = {**self._new_window(), **state.get("window", {})}
+        self.last_batch = dict(state.get("last_batch", {}))

@@ -19,21 +19,37 @@ class InvalidPolicyError(ValueError):
 
     @classmethod
     def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
-        return cls("invalid resampling policy: " + describe_errors(err.errors(), root="policy"))
+        """Field, message and value of each error; an unknown key also lists the valid ones."""
+        msg = describe_errors(err.errors(), root="policy")
+        for loc in {tuple(e["loc"]) for e in err.errors() if e.get("type") == "extra_forbidden"}:
+            nested = len(loc) == 2 and loc[0] == "filter"
+            fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
+            msg += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
+        return cls("invalid resampling policy: " + msg)
 
 
 class FilterConfig(BaseModel):
     """Which groups count as informative (DAPO Eq. 11, see ``algos.dapo.classify_groups``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    enabled: bool = Field(
+        True, description="False keeps every valid group (no dynamic sampling: plain GRPO batching)."
+    )
     judge: str = Field(
-        "reward",
-        description="Per-rollout value the filter judges: 'reward', or the name of a metric "
-        "such as 'accuracy' (use a metric when rewards carry an overlong penalty).",
+        "auto",
+        description="Per-rollout value the filter judges: 'auto' (default: the unshaped outcome "
+        "metrics['accuracy'] when every judged rollout of the group carries it, as DAPO's scorers "
+        "do, else the reward), 'reward', or the name of a metric. Shaped rewards (overlong "
+        "penalty) must not be judged: an all-wrong group would look informative and be trained "
+        "on its shaping noise alone.",
         min_length=1,
     )
-    std_tol: float = Field(1e-6, ge=0.0, le=1.0, description="Population std at or below which a group counts as all equal (float64).")
+    std_tol: float = Field(
+        1e-6, ge=0.0, le=1.0,
+        description="Population std (float64) at or below which a group counts as all equal; "
+        "0 means exact equality of the judged values (max == min).",
+    )
     correct_threshold: float = Field(1.0, description="All-equal values >= this are 'all_correct' (DAPO rewards are +1/-1).")
     wrong_threshold: float = Field(0.0, description="All-equal values <= this are 'all_wrong'.")
     band: tuple[float, float] | None = Field(
@@ -59,23 +75,27 @@ class ResamplingPolicy(BaseModel):
     surplus as carry-over and size each round by the predicted keep rate.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     target_groups: int = Field(8, ge=1, le=100_000, description="Informative groups per emitted train batch.")
     group_size: int = Field(8, ge=1, le=1024, description="Rollouts per group, n (DAPO uses 16).")
     filter: FilterConfig = Field(default_factory=FilterConfig)
     max_replenish_rounds: int = Field(
-        0, ge=0, le=10_000, description="Replenish rounds allowed per batch after the initial round; 0 = unlimited."
+        0, ge=0, le=10_000,
+        description="Replenish rounds allowed per batch after the initial round; 0 = unlimited "
+        "(for none at all, use replenish='none').",
     )
     on_cap: Literal["pad", "partial", "raise"] = Field(
         "pad",
         description="When the cap is hit: 'pad' fills with dropped groups marked as padding (zero loss "
         "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
     )
-    replenish: Literal["fresh_tasks", "same_tasks"] = Field(
+    replenish: Literal["fresh_tasks", "same_tasks", "none"] = Field(
         "fresh_tasks",
         description="'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
-        "prompts dropped in this batch, topped up with fresh ones.",
+        "prompts dropped in this batch, topped up with fresh ones; 'none' is filter-only: "
+        "uninformative groups are dropped and nothing is replenished (each batch closes after its "
+        "initial round, per on_cap).",
     )
     min_keep_rate: float = Field(
         0.1, gt=0.0, le=1.0, description="Floor on the predicted keep rate used to size a round (caps over-generation)."
@@ -85,9 +105,55 @@ class ResamplingPolicy(BaseModel):
     skip_after_all_wrong: int = Field(0, ge=0, description="Skip a task after this many consecutive all-wrong groups; 0 = never.")
     cooldown_epochs: int = Field(1, ge=1, le=10_000, description="Epochs a skipped task sits out.")
     max_staleness: int | None = Field(
-        None, ge=0, description="Carried-over groups older than this many model versions are dropped as 'stale'; None = never."
+        None, ge=0,
+        description="Staleness bound in model versions. A rollout's lag is the orchestrator's model "
+        "version when its batch is assembled minus the model version that produced it; a lag above "
+        "max_staleness is stale (lag == max_staleness is fresh). None = never stale.",
+    )
+    stale_members: Literal["oldest", "mask"] = Field(
+        "oldest",
+        description="'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
+        "'mask': stale members get zero loss weight and leave the baseline, the group stays while "
+        "min_valid_group_size members remain and still differ.",
+    )
+    requeue_stale: bool = Field(
+        False, description="Roll the task of a group dropped as stale again in the next round (else it waits for its epoch)."
+    )
+    group_validity: Literal["reject", "mask"] = Field(
+        "reject",
+        description="A group with a NaN/inf/missing reward or judged value, or fewer than group_size "
+        "rollouts: 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
+        "out of the filter and the baseline, and keeps the group when min_valid_group_size remain.",
+    )
+    min_valid_group_size: int = Field(
+        2, ge=2, le=1024, description="Valid members a group needs under group_validity='mask' (and stale_members='mask')."
+    )
+    max_epochs: int | None = Field(
+        None, ge=1, description="Stop drawing tasks after this many passes over the task set; None = never stop."
+    )
+    max_rollouts: int | None = Field(
+        None, ge=1, description="Rollout budget: no round is planned past this many rollouts in total; None = unlimited."
+    )
+    max_abs_reward: float = Field(
+        1e6, gt=0.0, le=1e12, description="Largest |reward| accepted in a submitted group; a larger one is refused "
+        "as a bug upstream (it would overflow the group statistics)."
     )
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> ResamplingPolicy:
+        if self.group_size == 1 and self.filter.enabled:
+            raise ValueError(
+                "group_size: 1 with filter.enabled makes every group a singleton (zero variance, always dropped); "
+                "use group_size >= 2 or filter.enabled=false"
+            )
+        if self.min_valid_group_size > self.group_size and (self.group_validity == "mask" or self.stale_members == "mask"):
+            raise ValueError(
+                f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size})"
+            )
+        if self.max_rollouts is not None and self.max_rollouts < self.group_size:
+            raise ValueError(f"max_rollouts ({self.max_rollouts}) must be >= group_size ({self.group_size})")
+        return self
 
     @classmethod
     def parse(cls, data: dict) -> ResamplingPolicy:

@@ -32,8 +32,32 @@ COUNTERS: tuple[str, ...] = (
     "reward_count_all",
     "reward_sum_kept",
     "reward_count_kept",
+    "reward_sum_trained",
+    "reward_count_trained",
+    "rollouts_masked",
+    "rollouts_planned",
 )
 """The cumulative counters the core keeps (``OrchestratorCore.counters``), in :class:`Stats` order."""
+
+
+class BatchStats(BaseModel):
+    """Reward metrics of one released batch, over the rounds since the previous release.
+
+    ``all``: every valid rollout classified in those rounds; ``kept``: those of informative
+    groups; ``trained``: the batch's non-padding, unmasked rollouts. ``coverage`` is trained
+    rollouts / rollouts generated in those rounds. Null when its denominator is 0 (e.g. every
+    group dropped: no kept or trained reward).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: int = Field(title="batch")
+    mean_reward_all: float | None = Field(title="batch mean reward: all groups")
+    mean_reward_kept: float | None = Field(title="batch mean reward: informative groups")
+    mean_reward_trained: float | None = Field(title="batch mean reward: trained rollouts")
+    coverage: float | None = Field(title="batch coverage (trained / generated rollouts)")
+    rollouts_trained: int = Field(title="batch rollouts trained")
+    rollouts_generated: int = Field(title="batch rollouts generated")
 
 
 class Stats(BaseModel):
@@ -69,10 +93,25 @@ class Stats(BaseModel):
     reward_count_kept: int = Field(title="rewards counted: informative groups")
     mean_reward_all: float | None = Field(title="mean reward: all groups", description="Null before any.")
     mean_reward_kept: float | None = Field(title="mean reward: informative groups (emitted or carried)", description="Null before any.")
+    reward_sum_trained: float = Field(title="reward sum: trained rollouts")
+    reward_count_trained: int = Field(title="rollouts trained", description="Non-padding, unmasked rollouts of emitted batches.")
+    mean_reward_trained: float | None = Field(title="mean reward: trained rollouts", description="Null before any batch.")
+    coverage: float | None = Field(
+        title="coverage (trained / generated rollouts)", description="Share of generated rollouts that reached the trainer; null before any."
+    )
+    rollouts_masked: int = Field(title="rollouts masked", description="Members masked (invalid or stale): zero loss weight, out of the baseline.")
+    rollouts_planned: int = Field(title="rollouts planned", description="group_size x tasks handed out; what max_rollouts counts.")
+    last_batch: BatchStats | None = Field(None, title="last batch", description="Per-batch reward metrics of the last release; null before any.")
+    exhausted: bool = Field(False, title="data exhausted", description="True once max_epochs or max_rollouts allow no further round.")
     replenish_paused: bool = Field(title="replenish paused")
     policy_revision: int = Field(title="resampling policy revision")
     model_version: int = Field(title="model version", description="Newest model weights version seen.")
     epoch: int = Field(title="epoch", description="Passes over the task set started.")
+    anchor_index_up: bool | None = Field(
+        None, title="anchor index (Redis) up",
+        description="False during an outage of the Redis anchor index (the orchestrator's health check); null without one.",
+    )
+    anchor_index_outages: int = Field(0, title="anchor index outages", description="Outages of the Redis anchor index seen.")
 
 
 class TaskStats(BaseModel):

@@ -69,6 +69,8 @@ class Group:
         round: replenish round within its batch (0 for the initial round).
         reason: filter outcome label (``informative``, ``all_correct``, ...); set on submit.
         padding: True when emitted only to keep the batch shape (zero loss weight).
+        key: storage key given by the orchestrator on submit (:func:`group_key`, or a unique
+            ``anon:`` key for a group without a round tag).
     """
 
     task_id: str
@@ -78,6 +80,21 @@ class Group:
     round: int = 0
     reason: str = ""
     padding: bool = False
+    key: str = ""
+
+
+def group_key(group: Group) -> str | None:
+    """The identity of a group: ``task \x1f round tags \x1f runs``, or None without a round tag.
+
+    A group is the same group when its task, its rollouts' round tags (``eid.round_tag``) and
+    its run ids are the same: a retried submit of it is recognised and not counted twice.
+    Groups whose rollouts carry no round tag have no identity (every submit is new).
+    """
+    tags = sorted({r.eid.round_tag for r in group.rollouts})
+    if tags == [""] or not tags:
+        return None
+    runs = ",".join(str(r.eid.run) for r in sorted(group.rollouts, key=lambda r: r.eid.run))
+    return f"{group.task_id}\x1f{'|'.join(tags)}\x1f{runs}"
 
 
 @dataclass

@@ -88,8 +88,7 @@ def run_dapo_demo(cfg: DemoConfig, progress=None) -> dict:
         cfg.policy,
         tasks,
         source,
-        sink=SQLiteSink(cfg.out_dir / "buffer.db"),
-        checkpoint_path=str(cfg.out_dir / "state.json"),
+        sink=SQLiteSink(cfg.out_dir / "buffer.db"),  # also holds the orchestrator's state
         seed=cfg.seed,
         name="dso-demo",
     )

@@ -9,19 +9,18 @@
    engine actor);
 2. computes step returns (GiGPO Eq. 5) and episode advantages (Eq. 3) in the coordinator
    (cheap, one pass of :mod:`algos.gigpo`);
-3. fills the anchor index - :class:`~orchestrator.anchors.index.RedisAnchorIndex` when
+3. fills the anchor index - :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex` when
    ``redis_url`` is set, where ``workers`` processes insert trajectory-interleaved shards
-   concurrently, else :class:`~orchestrator.anchors.index.MemoryAnchorIndex` filled by the
+   concurrently, else :class:`~orchestrator.anchors.memory.MemoryAnchorIndex` filled by the
    coordinator and shipped to the workers as a snapshot;
 4. has ``workers`` processes (``spawn``) query the index for the step advantages (Eq. 7) of
    their share of the tasks, and combines ``A = A^E + omega * A^S`` (Eq. 8);
 5. checks the result against the pure function on the whole batch and returns a summary.
 
 Given a running orchestrator actor (``run_gigpo_job(..., orchestrator=actor)``), steps 3-4 use
-the actor's anchor index instead (issue 3: the actor owns the index): the batch key is
-registered with the actor, ``workers`` Ray tasks open the index from the actor's
-``anchor_spec()`` (Redis directly, the memory index through the actor), and the batch is
-dropped through the actor.
+the orchestrator's anchor index instead: the batch key is registered with the actor,
+``workers`` Ray tasks open the index from the actor's ``anchor_spec()`` (Redis, or the memory
+index's own Ray actor), and the batch is dropped through the actor (``anchor_drop``).
 """
 
 from __future__ import annotations
@@ -35,18 +34,22 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.anchors.index import AnchorIndex, AnchorStep, make_anchor_index
+from orchestrator.anchors.index import AnchorIndex, AnchorStep
+from orchestrator.anchors.owner import make_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex, _redact
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs import frozenlake, sokoban
 from orchestrator.envs.lockstep import Act
 from orchestrator.envs.policies import engine_act, random_act
+
+if TYPE_CHECKING:
+    from orchestrator.anchors.remote import RemoteAnchorIndex
 
 __all__ = ["GiGPOJobConfig", "GiGPOJobError", "run_gigpo_job", "steps_for_index"]
 
@@ -149,7 +152,7 @@ def _ping(_: int) -> int:
     return os.getpid()
 
 
-def _insert_shard(index: AnchorIndex, batch_key: str, steps: list[AnchorStep]) -> float:
+def _insert_shard(index: AnchorIndex | RemoteAnchorIndex, batch_key: str, steps: list[AnchorStep]) -> float:
     t0 = time.perf_counter()
     index.insert(batch_key, steps)
     index.close()
@@ -157,7 +160,7 @@ def _insert_shard(index: AnchorIndex, batch_key: str, steps: list[AnchorStep]) -
 
 
 def _query_shard(
-    index: AnchorIndex, batch_key: str, rows: np.ndarray, tasks: list[str], hashes: list[str], returns: np.ndarray,
+    index: AnchorIndex | RemoteAnchorIndex, batch_key: str, rows: np.ndarray, tasks: list[str], hashes: list[str], returns: np.ndarray,
     norm: str, eps: float, n_runs: int,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     t0 = time.perf_counter()
@@ -166,16 +169,16 @@ def _query_shard(
     return rows, adv, time.perf_counter() - t0
 
 
-def _insert_shard_spec(spec: dict, actor: Any, batch_key: str, steps: list[AnchorStep]) -> float:
+def _insert_shard_spec(spec: dict, batch_key: str, steps: list[AnchorStep]) -> float:
     from orchestrator.anchors.owner import anchor_index_from_spec
 
-    return _insert_shard(anchor_index_from_spec(spec, actor), batch_key, steps)
+    return _insert_shard(anchor_index_from_spec(spec), batch_key, steps)
 
 
-def _query_shard_spec(spec: dict, actor: Any, batch_key: str, *args: Any) -> tuple[np.ndarray, np.ndarray, float]:
+def _query_shard_spec(spec: dict, batch_key: str, *args: Any) -> tuple[np.ndarray, np.ndarray, float]:
     from orchestrator.anchors.owner import anchor_index_from_spec
 
-    return _query_shard(anchor_index_from_spec(spec, actor), batch_key, *args)
+    return _query_shard(anchor_index_from_spec(spec), batch_key, *args)
 
 
 def run_gigpo_job(
@@ -202,8 +205,8 @@ def run_gigpo_job(
             ``anchor_index``: the job then uses *its* index (``cfg.redis_url``, ``prefix`` and
             ``ttl_s`` are ignored; ``backend`` reports the actor's), registers the batch key
             with it, and runs ``cfg.workers`` Ray tasks (``ray`` must be initialised) that open
-            the index from ``anchor_spec()`` - Redis directly, the memory index through the
-            actor - instead of spawned processes. The batch is dropped through the actor
+            the index from ``anchor_spec()`` - Redis, or the memory index's own Ray actor -
+            instead of spawned processes. The batch is dropped through the actor
             (``anchor_drop``, which records the group sizes in its metrics) unless ``keep_batch``.
     Returns:
         ``{"algo": "gigpo", "env": "frozenlake"|"sokoban", "backend": "memory"|"redis" (the anchor-index store),
@@ -327,8 +330,11 @@ def _index_phase_actor(
     """
     import ray
 
+    from orchestrator.anchors.owner import anchor_index_from_spec
+
     spec = ray.get(actor.anchor_spec.remote())
     backend = spec["backend"]
+    index = anchor_index_from_spec(spec)
     ray.get(actor.anchor_register.remote(batch_key))
     ping = ray.remote(num_cpus=0)(_ping)
     insert = ray.remote(num_cpus=0)(_insert_shard_spec)
@@ -342,8 +348,8 @@ def _index_phase_actor(
         t0 = time.perf_counter()
         traj, _ = encode_keys(task_ids, np.array([s.run for s in steps]))
         shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
-        ray.get([insert.remote(spec, actor, batch_key, shard) for shard in shards])
-        done = ray.get(actor.anchor_completed_runs.remote(batch_key))
+        ray.get([insert.remote(spec, batch_key, shard) for shard in shards])
+        done = index.completed_runs(batch_key)
         incomplete = {t: done.get(t, 0) for t in task_list if done.get(t, 0) != cfg.n}
         if incomplete:
             raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
@@ -357,7 +363,7 @@ def _index_phase_actor(
             if rows.size:
                 jobs.append(
                     query.remote(
-                        spec, actor, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(), returns[rows],
+                        spec, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(), returns[rows],
                         cfg.gigpo.norm, cfg.gigpo.eps, cfg.n,
                     )
                 )
@@ -370,6 +376,7 @@ def _index_phase_actor(
                 ray.get(actor.anchor_drop.remote(batch_key))
             except Exception as exc:  # noqa: BLE001 - the job's own error matters more
                 say(f"could not drop batch {batch_key!r} from the orchestrator's index: {exc}")
+        index.close()
     return backend, step_adv, t_workers, t_write, t_adv
 
 

@@ -226,6 +226,9 @@ class VLLMRolloutSource:
         timeout_s: how long one ``generate`` call may take, in seconds.
     """
 
+    metric_names: tuple[str, ...] = ("accuracy",)
+    """Metrics each rollout carries (``filter.judge`` is checked against them)."""
+
     def __init__(self, engine: Any, task_set: TaskSet, sampling: SamplingConfig | None = None,
                  *, timeout_s: float = 1800.0):
         self.engine = engine

@@ -19,6 +19,9 @@ class HFRolloutSource:
         sampling: sampling parameters (``temperature == 0`` is greedy).
     """
 
+    metric_names: tuple[str, ...] = ("accuracy",)
+    """Metrics each rollout carries (``filter.judge`` is checked against them)."""
+
     def __init__(self, model: str | os.PathLike, task_set: TaskSet, sampling: SamplingConfig | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -39,6 +39,9 @@ class ScriptedRolloutSource:
     the run index + 1 (tokens), so tests can check it travels through.
     """
 
+    metric_names: tuple[str, ...] = ("accuracy", "response_length")
+    """Metrics each rollout carries (``filter.judge`` is checked against them)."""
+
     def __init__(self, script: dict[str, list[list[float]]] | None = None, default: list[float] | None = None):
         self.script = script or {}
         self.default = default
@@ -89,6 +92,9 @@ class BernoulliRolloutSource:
         pass_rates: task id -> probability in [0, 1] that one rollout is correct.
         seed: seeds the draws (numpy ``default_rng``).
     """
+
+    metric_names: tuple[str, ...] = ("accuracy",)
+    """Metrics each rollout carries (``filter.judge`` is checked against them)."""
 
     def __init__(self, pass_rates: dict[str, float], seed: int = 0):
         import numpy as np

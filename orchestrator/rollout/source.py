@@ -28,7 +28,8 @@ class RolloutSource(Protocol):
     ``generate(tasks, n, model_version=..., round_tag=...)`` returns one :class:`Group` per
     task, in the order of ``tasks``, each with exactly ``n`` experiences whose ``eid.run`` is
     ``0..n-1``, ``eid.task == task.task_id``, reward and metrics set by the task's scorer,
-    and ``info["model_version"] == model_version``.
+    and ``info["model_version"] == model_version``. ``metric_names`` (optional) lists the
+    metrics each rollout carries; the orchestrator refuses a ``filter.judge`` outside it.
     """
 
     def generate(self, tasks: list[Task], n: int, *, model_version: int = 0, round_tag: str = "") -> list[Group]: ...
@@ -77,6 +78,21 @@ class SamplingConfig(BaseModel):
         "the group uses seed + i (vLLM's parallel sampling). None: unseeded.",
     )
     overlong: OverlongConfig | None = Field(None, description="DAPO overlong shaping; None disables it.")
+
+    @model_validator(mode="after")
+    def _check_overlong_budget(self) -> SamplingConfig:
+        """The overlong ramp must be reachable: Eq. 13 penalises from L_max - L_cache, so a
+        response budget at or below that start makes the penalty dead (checked at config time)."""
+        o = self.overlong
+        if o is None:
+            return self
+        start = o.max_response_length - o.cache_length
+        if self.max_tokens <= start:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be > overlong.max_response_length - overlong.cache_length "
+                f"({o.max_response_length} - {o.cache_length} = {start}): no response could reach the penalty"
+            )
+        return self
 
     def group_seed(self, task_id: str, model_version: int, round_tag: str) -> int | None:
         """Deterministic 31-bit seed of one group, or None when :attr:`seed` is None."""

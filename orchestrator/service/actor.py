@@ -9,48 +9,58 @@ Find it by name from any driver or Trinity component::
 
     actor = ray.get_actor("dso-orchestrator", namespace="trinity-dso")
 
-Anchor index (GiGPO, issue 3): created with ``anchor_index={"redis_url": ..., "prefix": ...,
-"ttl_s": ..., "max_age_versions": ...}``, the actor holds an
-:class:`~orchestrator.anchors.owner.AnchorIndexOwner` (its lifecycle, expiry, stats and
-checkpoint part) and forwards its ``anchor_*`` methods to it; workers open the index with
-:func:`orchestrator.anchors.owner.orchestrator_anchor_index`.
+Anchor index (GiGPO): created with ``anchor_index={"redis_url": ..., "prefix": ...,
+"ttl_s": ..., "max_age_versions": ...}``, the actor runs the index's lifecycle, inherited from
+:class:`~orchestrator.anchors.owner.AnchorLifecycle` (``anchor_spec``, ``anchor_register``,
+``anchor_stats``, ``anchor_drop``, ``anchor_expire``; version-based expiry; its checkpoint
+part). Workers write and query the index itself, opened with
+:func:`orchestrator.anchors.owner.orchestrator_anchor_index` (Redis, or the memory index's
+own Ray actor ``<name>-anchors``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
-from algos.groups import Norm
-from orchestrator.anchors.index import AnchorIndex, AnchorStep
-from orchestrator.anchors.owner import (
-    AnchorIndexConfig,
-    AnchorIndexNotConfiguredError,
-    AnchorIndexOwner,
-)
-from orchestrator.core.machine import OrchestratorCore, RoundPlan
+from algos.dapo import InvalidGroupError
+from orchestrator.anchors.index import AnchorIndexError
+from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
+from orchestrator.anchors.redis_index import RedisAnchorIndex
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
-from orchestrator.core.types import Batch, Experience, Group, TaskSetLike
+from orchestrator.core.types import Batch, Experience, Group, TaskSetLike, group_key
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import DSOMetrics
-from orchestrator.service.sink import BatchSink
+from orchestrator.service.sink import BatchSink, SQLiteSink
+from orchestrator.service.store import Change, StateStore
 
 DEFAULT_NAME = "dso-orchestrator"
 DEFAULT_NAMESPACE = "trinity-dso"
 
 log = logging.getLogger("trinity_dso.actor")
+
+RETRIES = 3
+"""Retries of an idempotent method (answered again, or recognised as a retry) when the actor died
+under it (``max_task_retries``); other methods fail with ``RayActorError`` for the caller to decide."""
+
+ANCHOR_GROUP = "anchor_index"
+"""Ray concurrency group of the anchor-index lifecycle calls (one thread, off the event loop)."""
+
+SLICE_ROLLOUTS = 256
+"""Rollouts handled per slice of a submit; the actor answers other calls between slices."""
+
+COMMIT_ROLLOUTS = 4096
+"""A large submit commits after about this many rollouts (and at its end)."""
 
 
 class OrchestratorUnavailable(RuntimeError):
@@ -69,7 +79,26 @@ class RunConflictError(RuntimeError):
     """A second run (or a different task set) tried to attach to an orchestrator that serves another run."""
 
 
-class Orchestrator:
+def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
+    """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
+
+    A source declares what it writes in ``metric_names`` (a tuple); sources that do not
+    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked.
+
+    Raises:
+        InvalidPolicyError: names ``filter.judge``, the value and the source's metrics.
+    """
+    judge = policy.filter.judge
+    names = getattr(rollout_source, "metric_names", None)
+    if judge in ("reward", "auto") or names is None or judge in names:
+        return
+    raise InvalidPolicyError(
+        f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
+        f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
+    )
+
+
+class Orchestrator(AnchorLifecycle):
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
@@ -77,18 +106,24 @@ class Orchestrator:
         task_set: object with ``task_ids: list[str]`` and ``get(task_id) -> Task``.
         rollout_source: a :class:`orchestrator.rollout.engine.RolloutSource`, or None when groups are
             only submitted from outside (e.g. by Trinity's pipeline operator).
-        sink: optional object with ``write(batch)`` (e.g. :class:`orchestrator.service.sink.SQLiteSink`).
-        checkpoint_path: optional JSON file; state is saved after every change and loaded at
-            start when present, so a restarted actor resumes where it stopped.
+        sink: optional object with ``write(batch)``. A :class:`orchestrator.service.sink.SQLiteSink`
+            also holds the actor's state (:class:`~orchestrator.service.store.StateStore`): each
+            emitted batch is written in one transaction with the state that produced it.
+        checkpoint_path: optional SQLite state file, used when there is no SQLite sink (with
+            one, the state lives in the sink's file and this path is unused). State is committed
+            after every change and loaded at start, so a restarted actor resumes where it
+            stopped (see the README's "Durability").
         metrics: optional object with ``update(stats)`` and ``observe_batch(batch)``; when it
             also has ``set_anchor_entries``, ``observe_anchor_group_sizes`` and
             ``observe_redis_op`` (:class:`orchestrator.service.metrics.DSOMetrics`), the anchor index
             feeds them.
         seed: seeds the task order.
         anchor_index: an :class:`~orchestrator.anchors.owner.AnchorIndexConfig` (or its dict)
-            to create and own an anchor index (through an :class:`AnchorIndexOwner`); None
-            (default) for none (the ``anchor_*`` methods then raise
-            :class:`AnchorIndexNotConfiguredError`).
+            to create an anchor index and run its lifecycle (see
+            :class:`~orchestrator.anchors.owner.AnchorLifecycle`; the memory index is served
+            by its own Ray actor when this one runs on Ray); None (default) for none (the
+            ``anchor_*`` methods then raise
+            :class:`~orchestrator.anchors.owner.AnchorIndexNotConfiguredError`).
     Raises:
         pydantic.ValidationError: invalid ``anchor_index`` settings.
     """
@@ -107,6 +142,7 @@ class Orchestrator:
     ):
         enable_service_logging()
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
+        check_judge(policy, rollout_source)
         self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
         self.task_set = task_set
         self.rollout_source = rollout_source
@@ -115,160 +151,381 @@ class Orchestrator:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
+        self.training: dict = {}  # the last report_training row
         # the Trinity run this orchestrator serves (attach_run): run id, pinned policy fields, sessions
         self.attachment: dict[str, Any] = {}
-        self.anchors: AnchorIndexOwner | None = None
-        if anchor_index is not None:
-            self.anchors = AnchorIndexOwner(
-                anchor_index, version=lambda: self.core.model_version, metrics=metrics, on_change=self._checkpoint
-            )
-        if self.checkpoint_path and self.checkpoint_path.exists():
-            saved = json.loads(self.checkpoint_path.read_text())
-            self.core.load_state_dict(saved)
-            self.attachment = dict(saved.get("attachment") or {})
-            if self.anchors is not None:
-                self.anchors.load_state_dict(saved)
-            log.warning(
-                "resumed from checkpoint %s at batch %d, policy revision %d (the checkpoint's policy replaces the "
-                "configured one; delete the file to start afresh)",
-                self.checkpoint_path, self.core.batch_id, self.core.policy_revision,
-            )
+        self._lock = asyncio.Lock()
+        self._committing = False  # a commit is being written in a worker thread
+        self._commit_again = False  # something changed meanwhile: commit once it is done
+        # what the next commit writes (see _checkpoint)
+        self._seen: dict[str, str] = {}  # filter label of every group key ever accepted
+        self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
+        self._new_seen: dict[str, str] = {}
+        self._new_batches: list[Batch] = []
+        self._handed: list[int] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the actor's event loop, once an async call ran
+        self._watch: asyncio.Task | None = None
+        self._anchor_up: bool | None = None
+        self._anchor_outages = 0
+        self._anchor_guard: str | None = None
+        super().__init__(anchor_index, version=lambda: self.core.model_version, metrics=metrics,
+                         on_change=self._anchor_changed)
+        self.store: StateStore | None = None
+        if isinstance(sink, SQLiteSink):
+            self.store = StateStore(sink.path, sink=sink)
+            if self.checkpoint_path is not None and self.checkpoint_path.resolve() != sink.path.resolve():
+                log.warning("checkpoint_path %s unused: the state is kept in the sink's file %s", self.checkpoint_path, sink.path)
+        elif self.checkpoint_path is not None:
+            self.store = StateStore(self.checkpoint_path)
+        self._load()
         self._observe()
 
-    @property
-    def anchor(self) -> AnchorIndex | None:
-        """The anchor index (None without ``anchor_index``)."""
-        return self.anchors.index if self.anchors is not None else None
+    def _load(self) -> None:
+        """Restore the last committed state (start, or after a failed commit)."""
+        saved = self.store.load() if self.store is not None else None
+        if saved is None:
+            return
+        self.core.load_state_dict(saved.state, saved.groups)
+        self._anchor_load_state_dict(saved.state)
+        self._anchor_guard = saved.state.get("anchor_guard")
+        self.attachment = dict(saved.state.get("attachment") or {})
+        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
+        self._new_seen, self._new_batches, self._handed = {}, [], []
+        log.warning(
+            "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
+            "saved policy replaces the configured one; delete the file to start afresh)",
+            self.store.path, saved.seq, self.core.batch_id, self.core.policy_revision,
+            len(self._stored), len(self.ready),
+        )
 
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
-        self._anchor_auto_expire()
+        self._anchor_in_background(self._anchor_auto_expire)
         if self.metrics is not None:
             self.metrics.update(self.core.stats(), self.core.policy)
             if batch is not None:
                 self.metrics.observe_batch(batch)
 
-    def _checkpoint(self) -> None:
-        if self.checkpoint_path is None:
-            return
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        state = self.core.state_dict()
-        state["attachment"] = self.attachment
-        if self.anchors is not None:
-            state.update(self.anchors.state_dict())
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.checkpoint_path)
+    def _prepare(self) -> tuple[Change | None, list[Batch], set[str]]:
+        """Take everything changed since the last commit: (the change, batches for an external
+        sink, the keys of the held groups after it). Clears what it took."""
+        batches, self._new_batches = self._new_batches, []
+        seen, self._new_seen = self._new_seen, {}
+        handed, self._handed = self._handed, []
+        if self.store is None:
+            return None, batches, set()
+        held = {g.key: g for g in self.core.held_groups()}
+        state = self.core.state_dict(payloads=False)
+        state.update(self._anchor_state_dict())
+        state["attachment"] = dict(self.attachment)
+        if self._anchor_guard is not None:
+            state["anchor_guard"] = self._anchor_guard
+        change = Change(
+            state, seen=seen, hold=[g for k, g in held.items() if k not in self._stored],
+            release=[k for k in self._stored if k not in held], batches=batches, handed=handed,
+        )
+        return change, batches if self.store.sink is None else [], set(held)
 
-    def _finish(self, batch: Batch) -> Batch:
+    def _write(self, change: Change | None, external: list[Batch]) -> None:
+        """The I/O of a commit (also run in a worker thread): an external sink, then the store."""
+        if self.sink is not None:
+            for b in external:
+                self.sink.write(b)
+        if change is not None:
+            self.store.commit(change)
+
+    def _rollback(self) -> None:
+        if self.store is not None:
+            log.exception("commit to %s failed: back to the last commit", self.store.path)
+            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed)
+            self.ready = []
+            self._load()
+
+    def _checkpoint(self) -> None:
+        """Commit everything changed since the last commit, in one transaction.
+
+        New group keys, newly held groups (written once), released groups, emitted batches
+        (sink and ready queue), hand-outs and the small state. A sink other than
+        :class:`SQLiteSink` is written first (at least once: a crash before the commit writes
+        the batch again). On failure the actor goes back to the last commit and raises. While a
+        commit runs in a worker thread (:meth:`_checkpoint_async`), this one follows it.
+        """
+        if self._committing:
+            self._commit_again = True
+            return
+        change, external, held = self._prepare()
+        try:
+            self._write(change, external)
+        except BaseException:
+            self._rollback()
+            raise
+        if change is not None:
+            self._stored = held
+
+    async def _checkpoint_async(self) -> None:
+        """:meth:`_checkpoint` with the writing in a worker thread (the event loop keeps answering)."""
+        if self._committing:
+            self._commit_again = True
+            return
+        change, external, held = self._prepare()
+        self._committing = True
+        try:
+            await asyncio.to_thread(self._write, change, external)
+        except BaseException:
+            self._committing = False
+            self._rollback()
+            raise
+        self._committing = False
+        if change is not None:
+            self._stored = held
+        if self._commit_again:
+            self._commit_again = False
+            self._checkpoint()
+
+    def _finish(self, batch: Batch) -> None:
+        """Record an emitted batch: ready to hand out, written by the next commit."""
         batch.fill_seconds = time.monotonic() - self._batch_started if self._batch_started else 0.0
         self._batch_started = None
-        if self.sink is not None:
-            self.sink.write(batch)
-        self._checkpoint()
+        self._new_batches.append(batch)
+        self.ready.append(batch)
         self._observe(batch)
-        return batch
 
-    async def _run_round(self, plan: RoundPlan) -> None:
-        tasks = [self.task_set.get(t) for t in plan.task_ids]
-        tag = f"b{plan.batch_id}r{plan.round}"
-        version = self.core.model_version
-        groups = await asyncio.to_thread(
-            self.rollout_source.generate, tasks, self.core.policy.group_size, model_version=version, round_tag=tag
-        )
-        for g in groups:
-            g.purpose, g.round = plan.purpose, plan.round
-        self.core.submit(groups)
+    def _hand_out(self) -> Batch | None:
+        if not self.ready:
+            return None
+        batch = self.ready.pop(0)
+        self._handed.append(batch.batch_id)
         self._checkpoint()
-        self._observe()
+        return batch
 
     # ------------------------------------------------------------- batches
     async def next_batch(self, timeout_s: float | None = None) -> Batch | None:
         """Fill and return the next batch, running rounds through the rollout source.
 
-        Returns None when ``timeout_s`` passes while replenishment is paused.
+        Returns None when ``timeout_s`` passes while replenishment is paused. At the end of
+        data (``max_epochs`` / ``max_rollouts``) the kept groups come out as a last batch per
+        ``on_cap``; the call after that raises :class:`DataExhaustedError`.
         Raises:
             ReplenishCapError: cap hit under ``on_cap='raise'`` (the open batch is kept).
+            DataExhaustedError: no task left and no batch to release.
             RuntimeError: no rollout source is attached.
         """
-        if self.ready:
-            return self.ready.pop(0)
-        if self.rollout_source is None:
-            raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
+        self._start_watch()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if self._batch_started is None:
-            self._batch_started = time.monotonic()
         while True:
-            batch = self.core.try_emit()
-            if batch is not None:
-                return self._finish(batch)
-            if self.core.cap_reached():
-                return self._finish(self.core.close_at_cap())
-            if self.core.replenish_blocked():
+            async with self._lock:
+                if not self.ready and (batch := self.core.try_emit()) is not None:
+                    self._finish(batch)
+                if self.ready:
+                    return self._hand_out()
+                if self.rollout_source is None:
+                    raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
+                if self.core.cap_reached():
+                    self._finish(self.core.close_at_cap())
+                    return self._hand_out()
+                blocked = self.core.replenish_blocked()
+                if not blocked and self.core.exhausted():
+                    return self._finish_batch()
+                if not blocked:
+                    if self._batch_started is None:
+                        self._batch_started = time.monotonic()
+                    plan = self.core.plan_round()
+                    version = self.core.model_version
+            if blocked:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 await asyncio.sleep(0.05)
                 continue
-            await self._run_round(self.core.plan_round())
+            # the rollouts run without the lock: policy, stats and pings are answered meanwhile
+            tasks = [self.task_set.get(t) for t in plan.task_ids]
+            groups = await asyncio.to_thread(
+                self.rollout_source.generate, tasks, self.core.policy.group_size, model_version=version,
+                round_tag=f"b{plan.batch_id}r{plan.round}",
+            )
+            for g in groups:
+                g.purpose, g.round = plan.purpose, plan.round
+            async with self._lock:
+                await self._submit(groups)
 
-    def submit_groups(self, groups: list[Group]) -> list[str]:
+    @ray.method(max_task_retries=RETRIES)
+    async def submit_groups(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
         """Submit groups rolled out elsewhere; returns each group's filter label.
 
+        Idempotent per group: a group already accepted (same task, round tag and runs, see
+        :func:`~orchestrator.core.types.group_key`) is not counted again; its label is returned.
+        Large submits are processed in slices of about :data:`SLICE_ROLLOUTS` rollouts, so the
+        actor keeps answering meanwhile, and committed every :data:`COMMIT_ROLLOUTS` rollouts.
         Full batches become available through :meth:`pop_batch`.
+
+        Args:
+            groups: the groups.
+            on_invalid: ``"raise"`` (default): all-or-nothing, one invalid group rejects the
+                call; ``"drop"``: an invalid group is dropped with label ``invalid`` (counted and
+                logged) and the others go on (the Trinity operator's choice).
         Raises:
-            InvalidGroupError, UnknownTaskError: nothing is accepted (see ``OrchestratorCore.validate``).
+            InvalidGroupError, UnknownTaskError: under ``"raise"``, nothing is accepted (see
+                ``OrchestratorCore.submit``).
         """
-        if self._batch_started is None:
+        self._start_watch()
+        async with self._lock:
+            return await self._submit(groups, on_invalid)
+
+    @staticmethod
+    def _slices(items: list, rollouts: Any) -> list[list]:
+        out: list[list] = [[]]
+        size = 0
+        for item in items:
+            if out[-1] and size >= SLICE_ROLLOUTS:
+                out.append([])
+                size = 0
+            out[-1].append(item)
+            size += rollouts(item)
+        return out if out[0] else []
+
+    async def _submit(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
+        if not isinstance(groups, list):
+            raise InvalidGroupError(f"groups: expected a list of groups, got {type(groups).__name__}")
+        if on_invalid not in ("raise", "drop"):
+            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
+        n_of = lambda g: len(getattr(g, "rollouts", None) or ()) + 1  # noqa: E731
+        checked: list = [None] * len(groups)
+        if on_invalid == "raise":  # all checked before anything changes
+            checked = []
+            for part in self._slices(groups, n_of):
+                checked.extend(self.core.check_groups(part))
+                await asyncio.sleep(0)
+        keys: list[str | None] = []
+        occurrences: dict[str, int] = defaultdict(int)
+        for g in groups:  # a task drawn twice in one round: the second is "<key>#1" (same again on a retry)
+            try:
+                k = group_key(g)
+            except Exception:  # an invalid group (dropped below under on_invalid="drop") has no identity
+                k = None
+            if k is not None:
+                occurrences[k] += 1
+                k = k if occurrences[k] == 1 else f"{k}#{occurrences[k] - 1}"
+            keys.append(k)
+        fresh = []
+        for g, k, values in zip(groups, keys, checked):
+            if k is not None and k in self._seen:
+                g.reason = self._seen[k]
+                continue
+            g.key = k if k is not None else f"anon:{uuid.uuid4().hex}"
+            fresh.append((g, values))
+        if fresh and self._batch_started is None:
             self._batch_started = time.monotonic()
-        self.core.submit(groups)
-        while (batch := self.core.try_emit()) is not None:
-            self.ready.append(self._finish(batch))
-            self._batch_started = time.monotonic() if self.core.carry else None
-        self._checkpoint()
-        self._observe()
+        uncommitted = 0
+        parts = self._slices(fresh, lambda item: n_of(item[0]))
+        for i, part in enumerate(parts):
+            part_groups = [g for g, _ in part]
+            checked = [c for _, c in part] if on_invalid == "raise" else None
+            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked)
+            for g in part_groups:
+                self._seen[g.key] = self._new_seen[g.key] = g.reason
+            while (batch := self.core.try_emit()) is not None:
+                self._finish(batch)
+                self._batch_started = time.monotonic() if self.core.carry else None
+            uncommitted += sum(len(g.rollouts) for g in part_groups)
+            if uncommitted >= COMMIT_ROLLOUTS or i == len(parts) - 1:
+                await self._checkpoint_async()
+                self._observe()
+                uncommitted = 0
+            await asyncio.sleep(0)
         return [g.reason for g in groups]
 
-    def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
+    @ray.method(max_task_retries=RETRIES)
+    async def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
         """Group experiences by ``(eid.task, eid.round_tag)`` (one group per task and round, in run
-        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group)."""
+        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group).
+
+        Multi-turn step experiences (``eid.step``) become one rollout per trajectory first
+        (:func:`orchestrator.core.machine.trajectory_rollouts`): the filter judges each
+        trajectory's outcome and counts it once. ``model_version`` stamps experiences without
+        ``info["model_version"]``.
+        """
+        if not isinstance(experiences, list) or not all(isinstance(e, Experience) for e in experiences):
+            raise InvalidGroupError("experiences: expected a list of Experience")
         by_key: dict[tuple[str, str], list[Experience]] = defaultdict(list)
-        for e in experiences:
+        for e in trajectory_rollouts(experiences):
+            e.info.setdefault("model_version", model_version)
             by_key[(e.eid.task, e.eid.round_tag)].append(e)
         groups = [
             Group(task_id=task, rollouts=sorted(rs, key=lambda e: e.eid.run), model_version=model_version)
             for (task, _), rs in by_key.items()
         ]
-        return self.submit_groups(groups)
+        return await self.submit_groups(groups)
 
-    def pop_batch(self) -> Batch | None:
-        """A completed batch if one is ready (never blocks, never rolls out)."""
-        return self.ready.pop(0) if self.ready else None
+    async def pop_batch(self) -> Batch | None:
+        """The oldest emitted batch not yet handed out, if any (never blocks, never rolls out).
 
-    def close_batch(self) -> Batch | None:
-        """Close the open batch now as the cap would (pad / partial / raise), for external drivers."""
-        batch = self.core.close_at_cap()
-        return self._finish(batch)
+        The hand-out is committed before the batch is returned: a batch is handed out once.
+        """
+        async with self._lock:
+            return self._hand_out()
 
-    def plan_round(self) -> RoundPlan:
+    def exhausted(self) -> bool:
+        """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
+        return self.core.exhausted()
+
+    async def finish_batch(self) -> Batch:
+        """At the end of data, release the kept groups as the last batch (per ``on_cap``).
+
+        Batches already emitted and not handed out come first.
+        Raises:
+            DataExhaustedError: nothing is kept (the padding candidates are dropped); the data
+                is over for good. Its message names the limit reached.
+            ReplenishCapError: ``on_cap='raise'`` and the kept groups are short of a batch.
+        """
+        async with self._lock:
+            return self._finish_batch()
+
+    def _finish_batch(self) -> Batch:
+        if not self.ready:
+            batch = self.core.finish()
+            if batch is None:
+                p, c = self.core.policy, self.core.counters
+                self._checkpoint()
+                self._observe()
+                raise DataExhaustedError(
+                    f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
+                    f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
+                )
+            self._finish(batch)
+        return self._hand_out()
+
+    async def close_batch(self) -> Batch | None:
+        """Close the open batch now as the cap would (pad / partial / raise), for external drivers.
+
+        Batches already emitted and not handed out come first."""
+        async with self._lock:
+            if not self.ready:
+                self._finish(self.core.close_at_cap())
+            return self._hand_out()
+
+    async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector)."""
-        plan = self.core.plan_round()
-        self._checkpoint()
-        return plan
+        async with self._lock:
+            plan = self.core.plan_round()
+            self._checkpoint()
+            return plan
 
-    def select_tasks(self, count: int) -> list[str]:
-        tasks = self.core.select_tasks(count)
-        self._checkpoint()
-        return tasks
+    async def select_tasks(self, count: int) -> list[str]:
+        async with self._lock:
+            tasks = self.core.select_tasks(count)
+            self._checkpoint()
+            return tasks
 
-    def next_tasks(self, count: int) -> list[str]:
-        """Exactly ``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``)."""
-        tasks = self.core.next_tasks(count)
-        self._checkpoint()
-        return tasks
+    async def next_tasks(self, count: int) -> list[str]:
+        """``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``;
+        fewer, or none, at the end of data)."""
+        async with self._lock:
+            tasks = self.core.next_tasks(count)
+            self._checkpoint()
+            return tasks
 
     # ------------------------------------------------------------- attached runs
-    def attach_run(self, run: str, *, session: str, role: str, num_tasks: int | None = None, pinned: dict | None = None,
-                   pinned_by: str = "") -> dict:
+    async def attach_run(self, run: str, *, session: str, role: str, num_tasks: int | None = None,
+                         pinned: dict | None = None, pinned_by: str = "") -> dict:
         """Attach a component of a Trinity run (its task selector or pipeline operator).
 
         One orchestrator serves one run: the first attach binds it (and is checkpointed);
@@ -293,6 +550,11 @@ class Orchestrator:
             RunConflictError: the orchestrator serves another run, or its task set has another size.
             InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
         """
+        async with self._lock:
+            return self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
+
+    def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
+                    pinned_by: str) -> dict:
         bound = self.attachment.get("run")
         if bound is not None and bound != run:
             raise RunConflictError(
@@ -325,11 +587,12 @@ class Orchestrator:
         return dict(self.attachment)
 
     # ------------------------------------------------------------- policy & views
+    @ray.method(max_task_retries=RETRIES)
     def get_policy(self) -> dict:
         """``{"revision": int, "policy": dict}``."""
         return {"revision": self.core.policy_revision, "policy": self.core.policy.model_dump(mode="json")}
 
-    def set_policy(self, changes: dict, expected_revision: int | None = None, replace: bool = False) -> dict:
+    async def set_policy(self, changes: dict, expected_revision: int | None = None, replace: bool = False) -> dict:
         """Change the resampling policy; applies from the next round.
 
         Args:
@@ -339,11 +602,18 @@ class Orchestrator:
             PolicyConflictError: stale ``expected_revision``.
             InvalidPolicyError: invalid values (field and value named); the policy is unchanged.
         """
+        async with self._lock:
+            return self._set_policy(changes, expected_revision, replace)
+
+    def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
+        if not isinstance(changes, dict):
+            raise InvalidPolicyError(f"policy: expected an object of fields, got {type(changes).__name__}")
         if expected_revision is not None and expected_revision != self.core.policy_revision:
             raise PolicyConflictError(
                 f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
+        check_judge(new, self.rollout_source)
         pinned = self.attachment.get("pinned") or {}
         broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]
@@ -364,165 +634,172 @@ class Orchestrator:
         self._checkpoint()
         self._observe()
 
-    def pause_replenish(self) -> dict:
-        return self.set_policy({"replenish_paused": True})
+    async def pause_replenish(self) -> dict:
+        return await self.set_policy({"replenish_paused": True})
 
-    def resume_replenish(self) -> dict:
-        return self.set_policy({"replenish_paused": False})
+    async def resume_replenish(self) -> dict:
+        return await self.set_policy({"replenish_paused": False})
 
+    @ray.method(max_task_retries=RETRIES)
     def set_model_version(self, version: int) -> None:
         self.core.set_model_version(version)
-        self._anchor_auto_expire()
         self._checkpoint()
+        self._anchor_in_background(self._anchor_auto_expire)
 
+    @ray.method(max_task_retries=RETRIES)
     def get_stats(self) -> Stats:
-        return self.core.stats()
+        self._start_watch()
+        stats = self.core.stats()
+        if self._anchor_redis() is not None:
+            stats = stats.model_copy(update={"anchor_index_up": self._anchor_up, "anchor_index_outages": self._anchor_outages})
+        return stats
 
+    def report_training(self, step: int, metrics: dict) -> None:
+        """A trainer's step metrics (entropy, clip fractions, KL, rewards, held-out accuracy,
+        model version...): exported as ``dso_train_*`` and returned by :meth:`get_training`."""
+        self.training = {"step": int(step), **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        if self.metrics is not None:
+            self.metrics.update_training(self.training)
+
+    def get_training(self) -> dict:
+        """The last :meth:`report_training` row (``{}`` before any)."""
+        return dict(self.training)
+
+    @ray.method(max_task_retries=RETRIES)
     def task_history(self, task_id: str) -> TaskStats:
         return self.core.task_stats(task_id)
 
     def state_dict(self) -> dict:
-        return {**self.core.state_dict(), "attachment": dict(self.attachment)}
+        return {**self.core.state_dict(payloads=False), "attachment": dict(self.attachment)}
 
     def ping(self) -> str:
         return "ok"
 
-    def metrics_text(self) -> str:
+    @ray.method(max_task_retries=RETRIES)
+    async def metrics_text(self) -> str:
         """The metrics in Prometheus text format (``metrics.exposition()``); "" without metrics.
 
         With an anchor index, ``dso_anchor_index_entries`` is refreshed first (one
-        :meth:`AnchorIndex.stats` call; a failure is logged and counted, never raised).
+        :meth:`AnchorIndex.stats` call, in a worker thread; a failure is logged and counted,
+        never raised).
         """
+        self._start_watch()
         if self.metrics is None:
             return ""
-        if self.anchors is not None:
-            self.anchors.refresh_metrics()
+        await asyncio.to_thread(self._anchor_refresh_metrics)
         return self.metrics.exposition()
 
-    # ------------------------------------------------------------- anchor index
-    def _anchor_owner(self) -> AnchorIndexOwner:
-        if self.anchors is None:
-            raise AnchorIndexNotConfiguredError(
-                "anchor_index: this orchestrator was created without an anchor index "
-                "(pass anchor_index={'redis_url': ..., 'prefix': ..., 'ttl_s': ...}, or {} for memory)"
-            )
-        return self.anchors
+    # ------------------------------------------------------------- anchor index: never on the event loop
+    # Every call that may reach Redis (stats, drop, expiry, health) runs in a worker thread, so a
+    # hung or dead Redis (socket timeouts, retries: seconds) never stalls pings, stats or submits.
+    def _anchor_redis(self) -> RedisAnchorIndex | None:
+        return self.anchor if isinstance(self.anchor, RedisAnchorIndex) else None
 
-    def _anchor_auto_expire(self) -> None:
-        if self.anchors is not None:
-            self.anchors.auto_expire()
+    def _anchor_changed(self) -> None:
+        """The tracked batch keys changed (maybe in a worker thread): commit on the event loop."""
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            loop.call_soon_threadsafe(self._checkpoint)
+        else:
+            self._checkpoint()
 
-    def anchor_spec(self) -> dict:
-        """What a worker needs to open this orchestrator's anchor index itself.
+    def _anchor_in_background(self, fn: Any) -> None:
+        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use)."""
+        if self.anchor is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn()
+            return
+        self._loop = loop
+        loop.run_in_executor(None, fn)
 
-        Returns:
-            ``{"backend": "redis", "redis_url", "prefix", "ttl_s"}`` (open it with
-            :func:`~orchestrator.anchors.owner.anchor_index_from_spec`; the URL includes any
-            password), or ``{"backend": "memory", "ttl_s"}``: the index lives in the actor and
-            is reached through its ``anchor_*`` methods
-            (:class:`~orchestrator.anchors.owner.ActorAnchorIndex`).
-        Raises:
-            AnchorIndexNotConfiguredError: no anchor index (so do all ``anchor_*`` methods).
-        """
-        return self._anchor_owner().spec()
+    def _start_watch(self) -> None:
+        """Start the Redis health check once an event loop runs (idempotent)."""
+        if self._anchor_redis() is None or self._watch is not None:
+            return
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._watch = self._loop.create_task(self._watch_anchor_index())
 
-    def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
-        """Record that ``batch_key`` is in use, for version-based expiry (idempotent).
+    async def _watch_anchor_index(self, up_every_s: float = 5.0, down_every_s: float = 1.0) -> None:
+        """Ping Redis (in a thread) every few seconds: report outages, and on recovery check the
+        run's guard key, so batches lost with Redis's data are forgotten, never served."""
+        index = self._anchor_redis()
+        assert index is not None
+        while True:
+            try:
+                await asyncio.to_thread(index.ping)
+                guard, lost = await asyncio.to_thread(index.ensure_guard, self._anchor_guard)
+                up = True
+            except AnchorIndexError as exc:
+                if self._anchor_up is not False:
+                    log.warning("anchor index (Redis) is down: %s", exc)
+                up = False
+            if up:
+                if lost:
+                    log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s",
+                                self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
+                    self._anchor_batches.clear()
+                if self._anchor_up is False:
+                    log.warning("anchor index (Redis) is back")
+                if guard != self._anchor_guard or lost:
+                    self._anchor_guard = guard
+                    self._checkpoint()
+            if self._anchor_up is True and not up:
+                self._anchor_outages += 1
+            self._anchor_up = up
+            if self.metrics is not None:
+                self.metrics.set_anchor_index_up(up)
+            await asyncio.sleep(up_every_s if up else down_every_s)
 
-        Workers writing to Redis directly call this once per batch key; ``anchor_insert``
-        does it itself. The first registration wins.
-
-        Args:
-            batch_key: the index batch key.
-            model_version: the model weights version the batch's rollouts came from;
-                default the orchestrator's current ``model_version``.
-        Returns:
-            The version recorded for ``batch_key``.
-        """
-        return self._anchor_owner().register(batch_key, model_version)
-
-    def anchor_insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
-        """Insert steps into the index (see :meth:`AnchorIndex.insert`); registers ``batch_key``.
-
-        Args:
-            steps: :class:`~orchestrator.anchors.index.AnchorStep` objects or their field dicts.
-        Returns:
-            The number of new steps (re-inserted identical steps are no-ops).
-        Raises:
-            ValueError, AnchorConflictError, AnchorIndexError: as :meth:`AnchorIndex.insert`.
-        """
-        return self._anchor_owner().insert(batch_key, steps)
-
-    def anchor_step_advantages(
-        self,
-        batch_key: str,
-        tasks: Sequence[str],
-        state_hashes: Sequence[str],
-        returns: Any,
-        *,
-        norm: Norm = "std",
-        eps: float = 1e-6,
-        n_runs: int | None = None,
-    ) -> np.ndarray:
-        """A^S of the queried steps from the index (:meth:`AnchorIndex.step_advantages`).
-
-        Needed for the memory index (it lives here); works for Redis too.
-
-        Returns:
-            (Q,) float64.
-        Raises:
-            AnchorIndexError: unknown/incomplete group or task, lost batch, backend failure.
-        """
-        return self._anchor_owner().step_advantages(batch_key, tasks, state_hashes, returns, norm=norm, eps=eps, n_runs=n_runs)
-
-    def anchor_completed_runs(self, batch_key: str) -> dict[str, int]:
-        """Complete runs per task of ``batch_key`` (``{}`` for an unknown batch)."""
-        return self._anchor_owner().completed_runs(batch_key)
-
-    def anchor_completed(self, batch_key: str, task: str, n: int) -> bool:
-        """True when ``task`` has exactly ``n`` complete runs (all steps up to ``last``) in ``batch_key``."""
-        return self._anchor_owner().completed(batch_key, task, n)
-
-    def anchor_group_sizes(self, batch_key: str) -> np.ndarray:
-        """Steps per anchor group of ``batch_key`` (:meth:`AnchorIndex.group_sizes`): (G,) int64, ascending."""
-        return self._anchor_owner().group_sizes(batch_key)
-
+    # The lifecycle calls that reach the index run in their own concurrency group (a thread of
+    # their own in the Ray actor), not on the event loop.
+    @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_stats(self) -> dict:
-        """The index's :meth:`AnchorIndex.stats` plus the actor's view; refreshes the metrics.
+        """:meth:`AnchorLifecycle.anchor_stats` plus ``up`` (Redis health, None before the first
+        check or without Redis) and ``outages``."""
+        return {**AnchorLifecycle.anchor_stats(self), "up": self._anchor_up, "outages": self._anchor_outages}
 
-        Returns:
-            ``{"backend", "batches", "entries" (steps), "groups" (anchor states),
-            "group_size_histogram", "tracked_batches" ({batch key: model version}),
-            "model_version", "max_age_versions", "ttl_s"}``. ``dso_anchor_index_entries``
-            is set to ``groups`` (the metric counts anchor states).
-        """
-        return self._anchor_owner().stats()
-
+    @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_drop(self, batch_key: str) -> int:
-        """Forget one batch (its sizes go to ``dso_anchor_group_size`` first).
+        """:meth:`AnchorLifecycle.anchor_drop` (off the event loop)."""
+        return AnchorLifecycle.anchor_drop(self, batch_key)
 
-        Returns:
-            The number of steps it held (0 when unknown).
-        """
-        return self._anchor_owner().drop(batch_key)
-
+    @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_expire(self, max_age_versions: int | None = None) -> list[str]:
-        """Drop every tracked batch opened more than ``max_age_versions`` model versions ago.
+        """:meth:`AnchorLifecycle.anchor_expire` (off the event loop)."""
+        return AnchorLifecycle.anchor_expire(self, max_age_versions)
 
-        Runs by itself whenever the model version advances (``set_model_version``, submitted
-        groups, rounds) when ``AnchorIndexConfig.max_age_versions`` is set. Batches the actor
-        does not track (written to Redis without :meth:`anchor_register`, or lost with a
-        restart of the memory index) are left to the TTL.
+    @ray.method(concurrency_group=ANCHOR_GROUP)
+    def anchor_spec(self) -> dict:
+        """:meth:`AnchorLifecycle.anchor_spec`, with the run's Redis guard token (set now when
+        not yet known and Redis answers): workers then refuse batches lost with Redis's data."""
+        spec = AnchorLifecycle.anchor_spec(self)
+        index = self._anchor_redis()
+        if index is not None and self._anchor_guard is None:
+            try:
+                self._anchor_guard, _ = index.ensure_guard(None)
+                self._anchor_changed()
+            except AnchorIndexError as exc:
+                log.warning("anchor index (Redis) guard not set (workers get no guard): %s", exc)
+        if index is not None and self._anchor_guard is not None:
+            spec["guard"] = self._anchor_guard
+        return spec
 
-        Args:
-            max_age_versions: default the configured one; None with none configured drops nothing.
-        Returns:
-            The dropped batch keys, sorted.
-        """
-        return self._anchor_owner().expire(max_age_versions)
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
-OrchestratorActor = ray.remote(num_cpus=0, max_restarts=0)(Orchestrator)
+OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={ANCHOR_GROUP: 1})(Orchestrator)
+"""Restarted by Ray whenever its process dies (it resumes from its state file)."""
 
 
 def get_or_create_orchestrator(
@@ -530,6 +807,7 @@ def get_or_create_orchestrator(
     name: str = DEFAULT_NAME,
     namespace: str = DEFAULT_NAMESPACE,
     detached: bool = False,
+    max_restarts: int | None = None,
     **kwargs: Any,
 ) -> ray.actor.ActorHandle:
     """The named orchestrator actor, created with ``Orchestrator(*args, **kwargs)`` if absent.
@@ -537,8 +815,14 @@ def get_or_create_orchestrator(
     Args:
         name, namespace: how other components find it (``ray.get_actor(name, namespace=...)``).
         detached: outlive the driver (``lifetime="detached"``), for long-running services.
+        max_restarts: how often Ray restarts the actor when its process dies, resuming from its
+            state file. Default: always (-1) with a state file (a ``SQLiteSink`` ``sink`` or a
+            ``checkpoint_path``), else never (0: a restart would silently start empty).
     """
-    options: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True}
+    if max_restarts is None:
+        durable = isinstance(kwargs.get("sink"), SQLiteSink) or kwargs.get("checkpoint_path")
+        max_restarts = -1 if durable else 0
+    options: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True, "max_restarts": max_restarts}
     if detached:
         options["lifetime"] = "detached"
     return OrchestratorActor.options(**options).remote(*args, **kwargs)

@@ -33,6 +33,10 @@ class ServiceSettings(BaseModel):
     auth_token_env: str = Field(TOKEN_ENV, description="Environment variable holding the token when auth_token is None.")
     max_body_bytes: int = Field(65536, ge=1, le=16 * 2**20, description="Largest request body accepted, in bytes (else 413).")
     actor_timeout_s: float = Field(10.0, gt=0, le=600, description="Timeout of one call to the orchestrator actor, in seconds (else 504).")
+    actor_restart_wait_s: float = Field(
+        5.0, ge=0, le=600, description="How long a read waits for a restarting orchestrator actor (looked up again by "
+        "name), in seconds, before answering 503."
+    )
     num_replicas: int = Field(1, ge=1, le=64, description="Serve replicas of the REST deployment.")
     max_ongoing_requests: int = Field(128, ge=1, description="Concurrent requests per replica (Serve's default is 5).")
 
@@ -80,7 +84,9 @@ def _optional_model(name: str, base: type[BaseModel], nested: dict[str, Any], do
             ann = Annotated[(info.annotation, *info.metadata)]
         else:
             ann = info.annotation
-        fields[fname] = (Optional[ann], Field(None, description=info.description))  # noqa: UP045
+        # omitted = keep; null only where the policy itself allows None (e.g. max_staleness, band)
+        nullable = type(None) in getattr(info.annotation, "__args__", ())
+        fields[fname] = (Optional[ann] if nullable else ann, Field(None, description=info.description))  # noqa: UP045
     model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
     model.__doc__ = doc
     return model

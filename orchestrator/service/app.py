@@ -36,6 +36,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Request, Response, Security
@@ -44,7 +45,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.core.errors import describe_errors, field_path
+from orchestrator.core.errors import describe_errors, field_path, short_repr
 from orchestrator.core.policy import InvalidPolicyError
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
@@ -67,10 +68,17 @@ MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class ActorClient:
-    """Calls the named orchestrator actor; re-resolves the name once when the handle is dead."""
+    """Calls the named orchestrator actor, looking it up again by name when its handle fails.
 
-    def __init__(self, name: str, namespace: str, timeout_s: float):
-        self.name, self.namespace, self.timeout_s = name, namespace, timeout_s
+    A read (``ping``, ``get_policy``, ``get_stats``, ...) that meets a dead or restarting actor
+    is retried on a fresh lookup for up to ``restart_wait_s`` seconds; a write is not retried
+    (it may have been applied). Then :class:`OrchestratorUnavailable` (503 with ``Retry-After``).
+    """
+
+    READS = frozenset({"ping", "get_policy", "get_stats", "task_history", "metrics_text"})
+
+    def __init__(self, name: str, namespace: str, timeout_s: float, restart_wait_s: float = 5.0):
+        self.name, self.namespace, self.timeout_s, self.restart_wait_s = name, namespace, timeout_s, restart_wait_s
         self._handle = None
 
     def _resolve(self):
@@ -88,19 +96,20 @@ class ActorClient:
     async def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         import ray.exceptions as rex
 
-        for attempt in (0, 1):
-            handle = self._resolve()
+        timeout = timeout_s or self.timeout_s
+        deadline = asyncio.get_running_loop().time() + min(self.restart_wait_s, timeout)
+        while True:
             try:
-                ref = getattr(handle, method).remote(*args, **kwargs)
-                return await asyncio.wait_for(ref, timeout_s or self.timeout_s)
-            except (rex.RayActorError, rex.ActorUnavailableError) as err:
-                self._handle = None  # restarted under the same name? look it up again
-                if attempt:
-                    raise OrchestratorUnavailable(f"orchestrator actor {self.name!r} is unavailable: {type(err).__name__}") from None
+                ref = getattr(self._resolve(), method).remote(*args, **kwargs)
+                return await asyncio.wait_for(ref, timeout)
+            except (rex.RayActorError, rex.ActorUnavailableError, OrchestratorUnavailable) as err:
+                self._handle = None  # restarted, or created again under the same name: look it up again
+                if method not in self.READS or asyncio.get_running_loop().time() >= deadline:
+                    why = str(err) if isinstance(err, OrchestratorUnavailable) else f"{type(err).__name__} (restarting?)"
+                    raise OrchestratorUnavailable(f"orchestrator actor {self.name!r} is unavailable: {why}") from None
+                await asyncio.sleep(0.2)
             except TimeoutError:
-                raise TimeoutError(f"orchestrator actor {self.name!r} did not answer {method} within "
-                                   f"{timeout_s or self.timeout_s} s") from None
-        raise AssertionError("unreachable")
+                raise TimeoutError(f"orchestrator actor {self.name!r} did not answer {method} within {timeout} s") from None
 
 
 # --------------------------------------------------------------------------- the app
@@ -147,8 +156,8 @@ class Guard:
                 return await self._reply(scope, receive, send, 403, "forbidden", "Authorization: bearer token rejected")
         length = headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
-                return await self._reply(scope, receive, send, 400, "bad_request", f"Content-Length: not a number ({length!r})")
+            if re.fullmatch(r"[0-9]{1,18}", length) is None:
+                return await self._reply(scope, receive, send, 400, "bad_request", f"Content-Length: not a number ({short_repr(length)})")
             if int(length) > self.max_body_bytes:
                 return await self._reply(scope, receive, send, 413, "payload_too_large",
                                               f"body: {length} bytes exceeds the limit of {self.max_body_bytes} bytes")
@@ -174,16 +183,24 @@ class Guard:
         await self.app(scope, limited_receive, send)
 
 
+_REVISION = re.compile(r'(?:W/)?"?([0-9]{1,18})"?')
+IF_MATCH_PATTERN = r'^\s*(\*|(W/)?"?[0-9]{1,18}"?)\s*$'
+"""``If-Match`` as documented in OpenAPI: ``*`` or one revision (a value outside it gets 422)."""
+
+
 def _if_match(value: str | None) -> int | None:
-    """The revision in an ``If-Match`` header (``"3"``, ``W/"3"``, ``3``); None for ``*`` or absent."""
+    """The revision in an ``If-Match`` header (``"3"``, ``W/"3"``, ``3``); None for ``*`` or absent.
+
+    Only ASCII digits count (``str.isdigit`` also accepts superscripts, which ``int`` refuses).
+    Raises:
+        HTTPException: 400 for anything else, the header value echoed cut to 80 characters.
+    """
     if value is None or value.strip() == "*":
         return None
-    v = value.strip()
-    v = v.removeprefix("W/")
-    v = v.strip('"')
-    if not v.isdigit():
-        raise HTTPException(400, f"If-Match: expected one revision such as '\"3\"', got {value!r}")
-    return int(v)
+    m = _REVISION.fullmatch(value.strip())
+    if m is None:
+        raise HTTPException(400, f"If-Match: expected one revision such as '\"3\"', got {short_repr(value)}")
+    return int(m.group(1))
 
 
 _BEARER = HTTPBearer(auto_error=False, description="Required on mutating endpoints when the service has a token.")
@@ -194,7 +211,8 @@ BearerAuth = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 def create_app(settings: ServiceSettings | None = None, client: ActorClient | None = None) -> FastAPI:
     """The FastAPI app (built in each Serve replica; also runnable with any ASGI server)."""
     settings = settings or ServiceSettings()
-    client = client or ActorClient(settings.actor_name, settings.namespace, settings.actor_timeout_s)
+    client = client or ActorClient(settings.actor_name, settings.namespace, settings.actor_timeout_s,
+                                   settings.actor_restart_wait_s)
     token = settings.token()
     app = FastAPI(
         title="trinity-dso orchestrator",
@@ -217,7 +235,13 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "error"), str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # one route per method: Starlette's Allow names only the first route's
+            path = request.scope.get("path", "")
+            allowed = {m for r in app.router.routes if getattr(r, "path_regex", None) is not None
+                       and r.path_regex.match(path) for m in (getattr(r, "methods", None) or ())}
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return _error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "error"), str(exc.detail), headers=headers)
 
     @app.exception_handler(InvalidPolicyError)
     async def _invalid(request: Request, exc: InvalidPolicyError) -> JSONResponse:
@@ -233,7 +257,7 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
 
     @app.exception_handler(OrchestratorUnavailable)
     async def _unavailable(request: Request, exc: OrchestratorUnavailable) -> JSONResponse:
-        return _error(503, "unavailable", str(exc))
+        return _error(503, "unavailable", str(exc), headers={"Retry-After": "1"})
 
     @app.exception_handler(TimeoutError)
     async def _timeout(request: Request, exc: TimeoutError) -> JSONResponse:
@@ -279,7 +303,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         body: PolicyBody,
         request: Request,
         response: Response,
-        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.',
+                                      pattern=IF_MATCH_PATTERN),
         _auth: BearerAuth = None,
     ) -> PolicyState:
         """Replace the whole policy (omitted fields take their defaults); applies from the next round."""
@@ -292,13 +317,14 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         body: PolicyPatch,  # type: ignore[valid-type]
         request: Request,
         response: Response,
-        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.'),
+        if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.',
+                                      pattern=IF_MATCH_PATTERN),
         _auth: BearerAuth = None,
     ) -> PolicyState:
         """Change the given fields (``filter`` merged key by key); applies from the next round."""
         changes = body.model_dump(mode="json", exclude_unset=True)
-        if not changes:
-            raise HTTPException(400, "body: no field to change (send at least one policy field)")
+        if not changes:  # nothing to change: the current policy, revision unchanged
+            return await policy_response(await client.call("get_policy"), response)
         state = await write_policy(request, changes, False, if_match)
         return await policy_response(state, response)
 

@@ -51,7 +51,7 @@ class OrchestratorConfig(BaseModel):
     tasks: ComponentConfig = Field(default_factory=ComponentConfig)
     rollout: ComponentConfig = Field(default_factory=ComponentConfig)
     sink: str | None = Field(None, description="SQLite file for emitted batches (orchestrator.service.sink.SQLiteSink).")
-    checkpoint_path: str | None = Field(None, description="JSON checkpoint; a restarted actor resumes from it.")
+    checkpoint_path: str | None = Field(None, description="SQLite state file when there is no sink (with a sink, its file holds the state); a restarted actor resumes from it.")
     seed: int = 0
 
 

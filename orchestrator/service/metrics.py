@@ -17,9 +17,11 @@ metrics agent)?
   through ``state_dict``), so a scrape is exact and cheap (one actor call).
 
 The cost: metrics of code running outside the actor's process (e.g. a GiGPO advantage
-worker querying Redis in its own process) land in that process's registry, which nobody
-scrapes unless that process serves it (``prometheus_client.start_http_server``). The
-actor owns the anchor index (issue 3), so the index's own operations are covered.
+worker writing to Redis in its own process) land in that process's registry, which nobody
+scrapes unless that process serves it (``prometheus_client.start_http_server``). The actor
+runs the anchor index's lifecycle (stats, drops, expiry), so those operations are covered;
+the Redis operations it performs are timed by its index (``RedisAnchorIndex(observe=...)``),
+a drop by expiry counting as ``delete``.
 
 Metric names (``_total`` counters, base units: seconds, ratios 0..1; no task ids):
 
@@ -42,9 +44,17 @@ dso_batches_partial_total                counter    batches emitted flagged part
 dso_cap_hits_total                       counter    batches closed at the replenish-round cap
 dso_batch_replenish_rounds               histogram  replenish rounds spent per batch
 dso_batch_fill_seconds                   histogram  wall time from a batch's first round to release
-dso_keep_ratio                           gauge      informative / classified groups (cumulative)
+dso_keep_ratio                           gauge*     informative / classified groups (cumulative)
 dso_predicted_keep_rate                  gauge      the keep rate used to size the next round
-dso_reward_mean{groups}                  gauge      mean rollout reward, groups = all | kept
+dso_reward_mean{groups}                  gauge*     mean rollout reward (cumulative), groups = all |
+                                                    kept (informative) | trained (emitted, unmasked)
+dso_coverage                             gauge*     trained / generated rollouts (cumulative)
+dso_batch_reward_mean{groups}            gauge*     the same three means over the last batch's rounds
+dso_batch_coverage                       gauge*     trained / generated rollouts of the last batch
+dso_rollouts_masked_total                counter    members masked (invalid or stale): zero weight
+dso_rollout_staleness_lag_versions       histogram  staleness lag of each trained rollout, in model
+                                                    versions (batch's model version - rollout's)
+dso_data_exhausted                       gauge      1 once max_epochs / max_rollouts end the data
 dso_replenish_paused                     gauge      1 while replenishment is paused
 dso_resampling_policy_revision           gauge      revision counter of the resampling policy
 dso_resampling_policy_info{...}          gauge (1)  the resampling policy's settings as labels
@@ -53,7 +63,21 @@ dso_anchor_index_entries                 gauge      anchor states held by the an
 dso_anchor_group_size                    histogram  size of each anchor-state group formed
 dso_redis_op_duration_seconds{op}        histogram  Redis operation latency
 dso_redis_op_errors_total{op}            counter    failed Redis operations
+dso_train_steps_total                    counter    train batches (rollout steps) reported by a trainer
+dso_train_entropy_nats                   gauge*     policy entropy, token mean over the last batch
+dso_train_pg_clipfrac{bound}             gauge*     share of response tokens clipped, bound = upper |
+                                                    lower | dual
+dso_train_kl_ref_nats                    gauge*     KL(pi || initial policy), k3 token mean
+dso_train_reward_mean                    gauge*     mean reward of the last train batch
+dso_train_reward_group_std               gauge*     mean within-group reward std of the last batch
+dso_train_heldout_accuracy               gauge*     held-out accuracy (avg@k) at the last evaluation
+dso_train_model_version                  gauge*     model version after the trainer's last weight sync
+dso_train_weight_sync_seconds            histogram  time of one weight load into the rollout engine
 =======================================  =========  ==========================================
+
+``gauge*``: absent (no sample at all, not NaN, not 0) while undefined, e.g. the kept-group
+reward before any group was kept or when every group of the last batch was dropped; a
+dashboard then shows a gap rather than a made-up value.
 
 Vocabulary: "model version" is the *model weights* version that produced a rollout
 (``dso_model_version``); the resampling policy's change counter is the *revision*
@@ -63,10 +87,11 @@ Counters advance by deltas between successive ``stats()`` snapshots. If a snapsh
 goes backwards (a checkpoint from an older run), the counter is left alone and the new
 value becomes the baseline.
 
-Anchor index hooks (for ``orchestrator/anchors/index.py``): :func:`observe_redis_op`,
-:func:`set_anchor_entries`, :func:`observe_anchor_group_sizes`, :func:`set_anchor_stats`,
-and the :func:`redis_op` context manager. They record into the process's current
-:class:`DSOMetrics` (the one the actor was given, or a default one created on first use).
+Process-level anchor hooks, for code that holds no :class:`DSOMetrics` (e.g. a worker
+process): :func:`observe_redis_op`, :func:`set_anchor_entries`,
+:func:`observe_anchor_group_sizes`, :func:`set_anchor_stats`, and the :func:`redis_op`
+context manager. They record into the process's current :class:`DSOMetrics` (the one the
+actor was given, or a default one created on first use).
 """
 
 from __future__ import annotations
@@ -78,6 +103,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from algos.dapo import GroupReason
+from orchestrator.core.machine import rollout_lags
 from orchestrator.core.stats import Stats
 
 PREFIX = "dso"
@@ -89,13 +115,14 @@ OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupReason)
 DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != GroupReason.INFORMATIVE)
 """Label values of ``reason`` on ``dso_groups_dropped_total``."""
 PURPOSES: tuple[str, ...] = ("initial", "replenish")
-REWARD_GROUPS: tuple[str, ...] = ("all", "kept")
-REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "expire", "stats", "delete", "ping", "other")
+REWARD_GROUPS: tuple[str, ...] = ("all", "kept", "trained")
+REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "stats", "delete", "ping", "other")
 """Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
 
 ROUNDS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 FILL_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 ANCHOR_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
 REDIS_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 POLICY_INFO_FIELDS = (
@@ -124,8 +151,48 @@ _SIMPLE_COUNTERS = {
 }
 
 
-def _nan(x: float | None) -> float:
-    return math.nan if x is None else float(x)
+TRAIN_GAUGES: dict[str, tuple[str, str | None]] = {
+    f"{PREFIX}_train_entropy_nats": ("Policy entropy on response tokens, token mean of the last train batch, nats.", None),
+    f"{PREFIX}_train_pg_clipfrac": ("Share of response tokens where the clip was active (0..1), by bound (upper, lower, dual).", "bound"),
+    f"{PREFIX}_train_kl_ref_nats": ("KL divergence of the policy to the initial policy (k3 estimator, token mean), nats.", None),
+    f"{PREFIX}_train_reward_mean": ("Mean rollout reward of the last train batch.", None),
+    f"{PREFIX}_train_reward_group_std": ("Mean within-group reward standard deviation of the last train batch.", None),
+    f"{PREFIX}_train_heldout_accuracy": ("Held-out accuracy (avg@k, 0..1) at the last evaluation.", None),
+    f"{PREFIX}_train_model_version": ("Model weights version after the trainer's last weight sync.", None),
+}
+"""The trainer's gauges: absent until a trainer reports (``Orchestrator.report_training``)."""
+SYNC_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class OptionalGauges:
+    """Gauges whose series are absent while undefined (a prometheus-client custom collector).
+
+    ``set(name, None)`` removes the series; ``set(name, x)`` sets it. Each family is always
+    described (HELP and TYPE lines), so its name is known before the first sample.
+
+    Args:
+        specs: ``{name: (help, label name or None)}``.
+    """
+
+    def __init__(self, specs: dict[str, tuple[str, str | None]]):
+        self.specs = specs
+        self.values: dict[tuple[str, str], float] = {}
+
+    def set(self, name: str, value: float | None, label: str = "") -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            self.values.pop((name, label), None)
+        else:
+            self.values[(name, label)] = float(value)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        for name, (doc, label) in self.specs.items():
+            fam = GaugeMetricFamily(name, doc, labels=[label] if label else None)
+            for (n, lv), v in sorted(self.values.items()):
+                if n == name:
+                    fam.add_metric([lv] if label else [], v)
+            yield fam
 
 
 class DSOMetrics:
@@ -189,9 +256,20 @@ class DSOMetrics:
             "cap_hits": Counter(f"{p}_cap_hits", "Batches closed at the replenish-round cap.", registry=r),
             "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
             "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),
-            "keep_ratio": Gauge(f"{p}_keep_ratio", "Share of classified groups that were informative (cumulative, 0..1; NaN before any).", registry=r),
+            "rollouts_masked": Counter(f"{p}_rollouts_masked", "Rollouts masked (invalid or stale members): zero loss weight, out of the baseline.", registry=r),
+            "staleness": Histogram(f"{p}_rollout_staleness_lag_versions", "Staleness lag of each trained rollout when its batch was assembled, in model versions.", buckets=LAG_BUCKETS, registry=r),
+            "exhausted": Gauge(f"{p}_data_exhausted", "1 once max_epochs or max_rollouts allow no further round, else 0.", registry=r),
             "predicted_keep_rate": Gauge(f"{p}_predicted_keep_rate", "Laplace-smoothed keep rate that sizes the next round (0..1).", registry=r),
-            "reward_mean": Gauge(f"{p}_reward_mean", "Mean rollout reward (cumulative) of all classified groups or of kept (informative) ones.", ["groups"], registry=r),
+            "optional": OptionalGauges({
+                f"{p}_keep_ratio": ("Share of classified groups that were informative (cumulative, 0..1; absent before any).", None),
+                f"{p}_reward_mean": ("Mean rollout reward (cumulative): all classified groups, kept (informative) groups, trained rollouts; absent while undefined.", "groups"),
+                f"{p}_coverage": ("Trained / generated rollouts (cumulative, 0..1; absent before any).", None),
+                f"{p}_batch_reward_mean": ("Mean rollout reward over the last batch's rounds: all, kept, trained; absent while undefined.", "groups"),
+                f"{p}_batch_coverage": ("Trained / generated rollouts of the last batch (0..1; absent before any).", None),
+                **TRAIN_GAUGES,
+            }),
+            "train_steps": Counter(f"{p}_train_steps", "Train batches (rollout steps) reported by the trainer.", registry=r),
+            "train_sync_seconds": Histogram(f"{p}_train_weight_sync_seconds", "Time to load the trainer's weights into the rollout engine, seconds.", buckets=SYNC_SECONDS_BUCKETS, registry=r),
             "replenish_paused": Gauge(f"{p}_replenish_paused", "1 while replenish rounds are paused, else 0.", registry=r),
             "policy_revision": Gauge(f"{p}_resampling_policy_revision", "Revision counter of the resampling policy (bumped by every accepted change; the REST ETag). Not the model weights version.", registry=r),
             "policy_info": Info(f"{p}_resampling_policy", "Current resampling policy settings.", registry=r),
@@ -200,6 +278,7 @@ class DSOMetrics:
             "anchor_sizes": Histogram(f"{p}_anchor_group_size", "Size (steps) of each anchor-state group formed.", buckets=ANCHOR_SIZE_BUCKETS, registry=r),
             "redis_seconds": Histogram(f"{p}_redis_op_duration_seconds", "Latency of Redis operations of the anchor index, in seconds.", ["op"], buckets=REDIS_SECONDS_BUCKETS, registry=r),
             "redis_errors": Counter(f"{p}_redis_op_errors", "Failed Redis operations of the anchor index.", ["op"], registry=r),
+            "anchor_outages": Counter(f"{p}_anchor_index_outages", "Outages of the Redis anchor index seen by the orchestrator's health check (up -> down).", registry=r),
         }
         for v in OUTCOMES:
             m["groups_classified"].labels(outcome=v)
@@ -207,12 +286,10 @@ class DSOMetrics:
             m["groups_dropped"].labels(reason=v)
         for v in PURPOSES:
             m["rollouts"].labels(purpose=v)
-        for v in REWARD_GROUPS:
-            m["reward_mean"].labels(groups=v).set(math.nan)
+        r.register(m["optional"])
         for v in REDIS_OPS:
             m["redis_seconds"].labels(op=v)
             m["redis_errors"].labels(op=v)
-        m["keep_ratio"].set(math.nan)
         self._m = m
         if self._make_current:
             set_current(self)
@@ -245,20 +322,45 @@ class DSOMetrics:
         self._advance(m["rollouts"].labels(purpose="replenish"), "rollouts_replenish", stats.rollouts_replenish)
         m["groups_held"].set(stats.groups_held)
         m["groups_carried"].set(stats.groups_carried)
-        m["keep_ratio"].set(_nan(stats.keep_ratio))
+        self._advance(m["rollouts_masked"], "rollouts_masked", stats.rollouts_masked)
         m["predicted_keep_rate"].set(stats.predicted_keep_rate)
-        m["reward_mean"].labels(groups="all").set(_nan(stats.mean_reward_all))
-        m["reward_mean"].labels(groups="kept").set(_nan(stats.mean_reward_kept))
+        m["exhausted"].set(1 if stats.exhausted else 0)
+        opt, p = m["optional"], PREFIX
+        opt.set(f"{p}_keep_ratio", stats.keep_ratio)
+        opt.set(f"{p}_coverage", stats.coverage)
+        last = stats.last_batch
+        opt.set(f"{p}_batch_coverage", last.coverage if last else None)
+        for g in REWARD_GROUPS:
+            opt.set(f"{p}_reward_mean", getattr(stats, f"mean_reward_{g}"), g)
+            opt.set(f"{p}_batch_reward_mean", getattr(last, f"mean_reward_{g}") if last else None, g)
         m["replenish_paused"].set(1 if stats.replenish_paused else 0)
         m["policy_revision"].set(stats.policy_revision)
         m["model_version"].set(stats.model_version)
         if policy is not None:
             m["policy_info"].info(policy_labels(policy))
 
+    def update_training(self, metrics: dict) -> None:
+        """Record one trainer step (``orchestrator.train.trainer.PolicyTrainer.train_batch``'s
+        metrics plus ``heldout_acc``, ``model_version``, ``sync_seconds`` when present)."""
+        m = self._ensure()
+        m["train_steps"].inc()
+        for key, name in (("entropy", "entropy_nats"), ("kl_ref", "kl_ref_nats"), ("reward_mean", "reward_mean"),
+                          ("reward_std_group", "reward_group_std"), ("heldout_acc", "heldout_accuracy"),
+                          ("model_version", "model_version")):
+            if metrics.get(key) is not None:
+                m["optional"].set(f"{PREFIX}_train_{name}", float(metrics[key]))
+        for key, bound in (("pg_clipfrac", "upper"), ("pg_clipfrac_lower", "lower"), ("pg_clipfrac_dual", "dual")):
+            if metrics.get(key) is not None:
+                m["optional"].set(f"{PREFIX}_train_pg_clipfrac", float(metrics[key]), bound)
+        if metrics.get("sync_seconds") is not None:
+            m["train_sync_seconds"].observe(max(0.0, float(metrics["sync_seconds"])))
+
     def observe_batch(self, batch: Any) -> None:
         """Record one emitted batch: its replenish rounds and its fill time (seconds)."""
         m = self._ensure()
         m["batch_rounds"].observe(batch.rounds)
+        for lag in rollout_lags(batch):
+            m["staleness"].observe(lag)
         m["batch_fill"].observe(max(0.0, float(batch.fill_seconds)))
 
     # -------------------------------------------------------------- anchor index hooks
@@ -272,6 +374,22 @@ class DSOMetrics:
         m["redis_seconds"].labels(op=op).observe(max(0.0, float(seconds)))
         if error:
             m["redis_errors"].labels(op=op).inc()
+
+    def set_anchor_index_up(self, up: bool) -> None:
+        """The Redis anchor index's health: 1 up, 0 down; a transition up -> down counts an outage.
+
+        ``dso_anchor_index_up`` exists from the first health check on (absent without a Redis index).
+        """
+        m = self._ensure()
+        if "anchor_up" not in m:
+            from prometheus_client import Gauge
+
+            m["anchor_up"] = Gauge(f"{PREFIX}_anchor_index_up", "1 while the Redis anchor index answers the "
+                                   "orchestrator's health check, 0 during an outage.", registry=self.registry)
+        if not up and self._last.get("anchor_up") == 1.0:
+            m["anchor_outages"].inc()
+        m["anchor_up"].set(1.0 if up else 0.0)
+        self._last["anchor_up"] = 1.0 if up else 0.0
 
     def set_anchor_entries(self, entries: int) -> None:
         """Anchor states currently held by the index."""

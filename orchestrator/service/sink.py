@@ -1,8 +1,13 @@
 """Buffer sink: emitted batches written durably to SQLite, one transaction per batch.
 
 Each experience row carries its batch id, group index, padding flag and the group-relative
-advantage (``algos.dapo.group_advantages``, ``norm="std"``; zero for padding groups), so a
+advantage (``algos.dapo.group_advantages``, ``norm="std"``; zero for padding groups and for
+masked members, which also stay out of their group's mean and std), so a
 trainer can read a batch back without the orchestrator.
+
+Given to the orchestrator actor, the same file also holds the actor's state
+(:mod:`orchestrator.service.store`): each batch is then written in the transaction that commits
+the state which produced it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ CREATE TABLE IF NOT EXISTS experiences (
     reason TEXT NOT NULL,
     padding INTEGER NOT NULL,
     model_version INTEGER NOT NULL,
-    reward REAL NOT NULL,
+    reward REAL,               -- NULL for a masked member whose reward was NaN or missing
     advantage REAL NOT NULL,
     prompt_length INTEGER NOT NULL,
     tokens TEXT NOT NULL,
@@ -91,10 +96,35 @@ class SQLiteSink:
         Raises:
             DuplicateBatchError: ``batch.batch_id`` was written before (nothing is changed).
         """
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self.insert(self._db, batch)
+        except sqlite3.IntegrityError as err:
+            raise DuplicateBatchError(f"batch_id: batch {batch.batch_id} already written to {self.path}") from err
+        self.wal_checkpoint()
+
+    def wal_checkpoint(self) -> None:
+        """Move committed batches from the write-ahead log into the database file itself, so the
+        .db file alone (e.g. a copy) holds every written batch. Readers may keep reading."""
+        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    @staticmethod
+    def insert(db: sqlite3.Connection, batch: Batch) -> None:
+        """Insert one batch's rows inside the caller's open transaction (no commit).
+
+        Raises:
+            sqlite3.IntegrityError: the batch id is already written.
+        """
         rows = []
         gid = [i for i, g in enumerate(batch.groups) for _ in g.rollouts]
         rewards = [r.reward for g in batch.groups for r in g.rollouts]
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(gid)) if rewards else []
+        valid = [not r.info.get("dso_masked") for g in batch.groups for r in g.rollouts]
+        rewards = [float(x) if ok else float("nan") for x, ok in zip(rewards, valid)]
+        adv = (
+            group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(gid), valid=torch.tensor(valid))
+            if rewards else []
+        )
         k = 0
         for i, g in enumerate(batch.groups):
             for r in g.rollouts:
@@ -104,20 +134,12 @@ class SQLiteSink:
                     json.dumps(r.logprobs), r.response_text, json.dumps(r.info, default=str), json.dumps(r.metrics),
                 ))
                 k += 1
-        try:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.execute(
-                    "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (batch.batch_id, len(batch.groups), batch.num_padding, int(batch.partial), batch.rounds,
-                     batch.model_version, batch.fill_seconds),
-                )
-                self._db.executemany(f"INSERT INTO experiences VALUES ({', '.join('?' * 16)})", rows)
-        except sqlite3.IntegrityError as err:
-            raise DuplicateBatchError(f"batch_id: batch {batch.batch_id} already written to {self.path}") from err
-        # Move the committed batch from the write-ahead log into the database file itself, so
-        # the .db file alone (e.g. a copy) holds every written batch. Readers may keep reading.
-        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        db.execute(
+            "INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (batch.batch_id, len(batch.groups), batch.num_padding, int(batch.partial), batch.rounds,
+             batch.model_version, batch.fill_seconds),
+        )
+        db.executemany(f"INSERT INTO experiences VALUES ({', '.join('?' * 16)})", rows)
 
     def batch_ids(self) -> list[int]:
         return [r[0] for r in self._db.execute("SELECT batch_id FROM batches ORDER BY batch_id")]

@@ -1,10 +1,18 @@
-"""GiGPO advantages for Trinity: ``dso_gigpo`` (in process) and ``dso_gigpo_index`` (through the orchestrator's anchor index)."""
+"""Advantage functions for Trinity, vectorised over the batch: ``dso_grpo`` (the DAPO bundle's
+group-relative advantages), ``dso_gigpo`` (in process) and ``dso_gigpo_index`` (through the
+orchestrator's anchor index).
+
+Each reads the fields it needs off the experiences once, into arrays; computes on the arrays;
+and writes the token advantages back with :func:`write_token_advantages` (a constant number of
+tensor operations for the whole batch, not one multiply and one copy per experience).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,18 +22,316 @@ from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
-from algos.gigpo import GiGPOAdvantages, GiGPOConfig, encode_keys, gigpo_advantages
+from algos.dapo import InvalidGroupError
+from algos.gigpo import GiGPOAdvantages, GiGPOConfig, InvalidStepError, discounted_returns, encode_keys, gigpo_advantages
 from orchestrator.anchors.index import AnchorIndex, AnchorIndexError, AnchorStep
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
+from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
 
 log = logging.getLogger("trinity_dso.trinity")
 
+_NO_INFO: dict = {}
+
+
+# ---------------------------------------------------------------------------------- token write-back
+def write_token_advantages(exps: list[TrinityExperience], scalars: Any) -> None:
+    """Set ``advantages = A * action_mask`` and ``returns`` (an equal copy) on every experience.
+
+    The result is bit for bit the per-experience ``action_mask.to(float32) * A`` then
+    ``.clone()`` of Trinity's ``gigpo`` / ``grpo`` write-back (A rounded to float32, a 0 mask
+    entry gives a signed zero), done as one concatenation of the masks, one repeat of the
+    scalars over the tokens, one multiply and one copy for the whole batch. Each experience
+    then gets a slice of the two flat arrays, wrapped without copying: the slices do not
+    overlap, and each is its own storage for torch (pickling or serialising one experience
+    writes only its own tokens). An experience without ``action_mask`` gets a 0-dim
+    ``tensor(A, float32)``, as in Trinity.
+
+    Args:
+        exps: N experiences; ``action_mask`` (T_i,) bool / int / float on the CPU, or None.
+        scalars: (N,) float, one advantage per experience, in the order of ``exps``.
+    Raises:
+        ValueError: ``scalars`` is not one value per experience.
+    """
+    a = np.asarray(scalars, dtype=np.float32).reshape(-1)
+    if a.shape[0] != len(exps):
+        raise ValueError(f"scalars: {a.shape[0]} values for {len(exps)} experiences")
+    masks = [e.action_mask for e in exps]
+    with_mask = [i for i, m in enumerate(masks) if m is not None]
+    if len(with_mask) < len(exps):
+        for i in sorted(set(range(len(exps))) - set(with_mask)):
+            exps[i].advantages = torch.tensor(float(a[i]), dtype=torch.float32)
+            exps[i].returns = exps[i].advantages.clone()
+        exps = [exps[i] for i in with_mask]
+        masks = [masks[i] for i in with_mask]
+        a = a[with_mask]
+    if not exps:
+        return
+    lengths = np.fromiter((m.shape[0] for m in masks), dtype=np.int64, count=len(masks))
+    adv = torch.cat(masks).to(torch.float32).numpy() * np.repeat(a, lengths)
+    ret = adv.copy()
+    ends = np.cumsum(lengths)
+    wrap = torch.from_numpy
+    for e, lo, hi in zip(exps, (ends - lengths).tolist(), ends.tolist()):
+        e.advantages = wrap(adv[lo:hi])
+        e.returns = wrap(ret[lo:hi])
+
+
+def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
+    """(N,) int64: each experience's group, Trinity's ``eid.tid`` (explore step, task), numbered
+    in order of first appearance (Trinity's ``group_by`` order)."""
+    codes: dict = {}
+    return np.fromiter(
+        (codes.setdefault((d.batch, d.task), len(codes)) for d in (e.eid for e in exps)), dtype=np.int64, count=len(exps)
+    )
+
+
+# ---------------------------------------------------------------------------------- GRPO
+class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
+    """``dso_grpo``: GRPO group-relative advantages, the baseline DAPO keeps (arXiv 2402.03300
+    Sec. 4.1.2; arXiv 2503.14476 Eq. 9), vectorised over the batch.
+
+    ``A_i = (r_i - mean_g) / (std_g + epsilon)`` over the experiences of one group (``eid.tid``:
+    the n rollouts of one task from one explore step), std unbiased, broadcast over
+    ``action_mask`` into ``advantages`` and ``returns`` (float32). This is Trinity 0.6's
+    ``grpo`` (``GRPOGroupedAdvantage`` with its defaults): float32 rewards, float32 mean and
+    std, the same float32 arithmetic after them, a singleton group with mean 0 and std 1
+    (Trinity's convention; :func:`algos.dapo.group_advantages` gives it 0), the experiences
+    returned grouped, groups in order of first appearance (Trinity's ``group_by`` order), and
+    the same metrics.
+
+    Where it differs from Trinity's ``grpo``:
+
+    * the group mean and std are computed exactly (float64 segment sums over the float32
+      rewards, two-pass std) and then rounded to float32; Trinity sums in float32 in torch's
+      reduction order. The two agree bit for bit when the float32 sums are exact (DAPO's
+      +-1 / 0 rewards) and otherwise to float32 rounding (a few 1e-7 relative). Where the
+      difference shows: a group of equal non-dyadic rewards (e.g. all 0.7) gets exactly 0
+      here, while Trinity's float32 mean can miss 0.7 by one ulp and, divided by ``epsilon``,
+      gives each member a spurious advantage of about 0.06;
+    * a NaN, infinite or missing reward raises instead of spreading NaN through its group;
+    * ``std_threshold``, ``rank_penalty``, ``std_cal_level="batch"`` and
+      ``duplicate_experiences`` are not offered (use ``grpo``).
+
+    Args:
+        epsilon: added to the std, > 0 (Trinity's and verl's 1e-6).
+    Raises:
+        ValueError: ``epsilon <= 0``, or one of the options above set to a non-default value.
+        algos.dapo.InvalidGroupError: at call time, a missing or non-finite reward (names the
+            row and the group).
+    """
+
+    _UNSUPPORTED = {"std_threshold": None, "duplicate_experiences": False, "rank_penalty": None, "std_cal_level": "group"}
+
+    def __init__(self, epsilon: float = 1e-6, **kwargs: Any) -> None:
+        if not float(epsilon) > 0:
+            raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
+        for key, default in self._UNSUPPORTED.items():
+            if kwargs.get(key, default) != default:
+                raise ValueError(f"{key}: {kwargs[key]!r} is not supported by dso_grpo (only {default!r}); use Trinity's grpo")
+        self.epsilon = float(epsilon)
+
+    @classmethod
+    def default_args(cls) -> dict:
+        return {"epsilon": 1e-6}
+
+    @classmethod
+    def compute_in_trainer(cls) -> bool:
+        return False
+
+    def __call__(self, exps, **kwargs):
+        return self.process(exps)
+
+    def compute(self, exps: list[TrinityExperience]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Group codes and advantages of a batch, no side effects.
+
+        Returns:
+            codes: (N,) int64 group of each experience (first-appearance order);
+            advantages: (N,) float32 in the batch's order;
+            mean, std: (G,) float32 per group (0 and 1 for a singleton).
+        Raises:
+            algos.dapo.InvalidGroupError: a missing or non-finite reward.
+        """
+        codes = _group_codes(exps)
+        rewards = [e.reward for e in exps]
+        r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
+        bad = ~np.isfinite(r64)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InvalidGroupError(f"reward: {rewards[i]!r} at row {i} (group {exps[i].eid.tid!r}) is not a finite number")
+        r32 = r64.astype(np.float32)
+        x = r32.astype(np.float64)
+        sizes = np.bincount(codes).astype(np.float64)
+        mean = np.bincount(codes, weights=x) / sizes  # exact for float32 inputs (< 2**29 per group)
+        d = x - mean[codes]
+        std = np.sqrt(np.bincount(codes, weights=d * d) / np.maximum(sizes - 1.0, 1.0))
+        solo = sizes == 1
+        mean32 = np.where(solo, 0.0, mean).astype(np.float32)
+        std32 = np.where(solo, 1.0, std).astype(np.float32)
+        adv = (r32 - mean32[codes]) / (std32[codes] + np.float32(self.epsilon))
+        return codes, adv, mean32, std32
+
+    def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
+        """Set ``advantages`` / ``returns`` ((T,) float32) on each experience.
+
+        Returns:
+            the experiences grouped (see the class docstring), and Trinity's ``grpo`` metrics:
+            ``group_advantages/reward_mean/{mean,max,min}``,
+            ``group_advantages/reward_std/{mean,max,min}`` (over groups) and
+            ``filtered_count`` (0).
+        """
+        if not exps:
+            return [], {}
+        codes, adv, mean, std = self.compute(exps)
+        order = np.argsort(codes, kind="stable")
+        out = [exps[i] for i in order.tolist()]
+        write_token_advantages(out, adv[order])
+        metrics: dict[str, float] = {}
+        for name, values in (("reward_mean", mean), ("reward_std", std)):
+            v = values.astype(np.float64)
+            for stat, fn in (("mean", np.mean), ("max", np.max), ("min", np.min)):
+                metrics[f"group_advantages/{name}/{stat}"] = fn(v).item()
+        metrics["filtered_count"] = 0
+        return out, metrics
+
+
+# ---------------------------------------------------------------------------------- GiGPO rows
+@dataclass
+class StepRows:
+    """The per-step rows of a batch of Trinity experiences, each (N,) in the batch's order.
+
+    Attributes:
+        group: int64, Trinity's ``eid.tid`` (explore step, task), first-appearance order.
+        run: int64, ``eid.run``.
+        step: int64, ``eid.step``.
+        reward: float64, ``info[step_reward_key]``; a trajectory with none takes its last
+            step's ``reward`` (0 when None) as a terminal reward, its other steps 0.
+        state: int64 anchor state: equal codes for equal ``info[env_state_hash_key]`` (str, or
+            bytes taken as their hex text); a step without a hash gets a code of its own.
+        hashed: bool, the step has an ``env_state_hash``.
+        invalid: bool, ``info[action_valid_key] is False``.
+        text: object, ``info[state_text_key]`` (None where absent).
+        traj: int64 in [0, num_traj), the trajectory (group, run).
+        state_names: the hash text of each code below ``len(state_names)`` (hashed states).
+    """
+
+    group: np.ndarray
+    run: np.ndarray
+    step: np.ndarray
+    reward: np.ndarray
+    state: np.ndarray
+    hashed: np.ndarray
+    invalid: np.ndarray
+    text: np.ndarray
+    traj: np.ndarray
+    state_names: list[str]
+
+    def state_keys(self, solo: str = "\x00solo/{row}") -> np.ndarray:
+        """(N,) object: each row's hash text, or ``solo`` formatted with its ``row`` when it has none."""
+        names = np.empty(int(self.state.max()) + 1, dtype=object)
+        names[: len(self.state_names)] = self.state_names
+        rows = np.flatnonzero(~self.hashed)
+        names[self.state[rows]] = [solo.format(row=i) for i in rows.tolist()]
+        return names[self.state]
+
+    @classmethod
+    def read(
+        cls,
+        exps: list[TrinityExperience],
+        step_reward_key: str,
+        env_state_hash_key: str,
+        action_valid_key: str = "is_action_valid",
+        state_text_key: str = "env_state_text",
+    ) -> StepRows:
+        """Read the rows off ``exps`` (one pass per field, no per-row objects).
+
+        Raises:
+            algos.gigpo.InvalidStepError: a state hash that is empty, or neither str nor bytes
+                (names row, group, run, step).
+        """
+        n = len(exps)
+        eids = [e.eid for e in exps]
+        infos = [e.info or _NO_INFO for e in exps]
+        group = _group_codes(exps)
+        run = np.fromiter((d.run for d in eids), dtype=np.int64, count=n)
+        step = np.fromiter((d.step for d in eids), dtype=np.int64, count=n)
+        explicit = np.fromiter((step_reward_key in i for i in infos), dtype=bool, count=n)
+        reward = np.fromiter((i.get(step_reward_key, 0.0) for i in infos), dtype=np.float64, count=n)
+        traj, num_traj = encode_keys(group, run)
+        has_explicit = np.bincount(traj, weights=explicit, minlength=num_traj) > 0
+        last = np.full(num_traj, -1, dtype=np.int64)
+        np.maximum.at(last, traj, step)
+        terminal = np.flatnonzero(~has_explicit[traj] & (step == last[traj]))
+        if terminal.size:
+            reward[terminal] = [0.0 if (x := exps[i].reward) is None else float(x) for i in terminal.tolist()]
+        hashes = [i.get(env_state_hash_key) for i in infos]
+        seen: dict = {}
+        try:
+            raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
+        except TypeError:  # an unhashable value (bytearray, list): make it hashable, refuse it below
+            seen = {}
+            hashes = [
+                bytes(h) if isinstance(h, bytearray) else h if h is None or isinstance(h, (str, bytes)) else ("unhashable", k)
+                for k, h in enumerate(hashes)
+            ]
+            raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
+        names: dict[str, int] = {}
+        remap = np.empty(len(seen), dtype=np.int64)
+        for h, code in seen.items():
+            if h is None:
+                remap[code] = -1
+                continue
+            if isinstance(h, (bytes, bytearray)):
+                h = bytes(h).hex()
+            elif not isinstance(h, str) or h == "":
+                i = int(np.flatnonzero(raw == code)[0])
+                what = "empty" if h == "" else f"expected str or bytes, got {type(infos[i].get(env_state_hash_key)).__name__}"
+                raise InvalidStepError(
+                    f"info[{env_state_hash_key!r}]: {what} at row {i} (group {exps[i].eid.tid!r}, run {int(run[i])}, "
+                    f"step {int(step[i])}); hash structured observations with orchestrator.anchors.keys.state_hash "
+                    "(never str())"
+                )
+            remap[code] = names.setdefault(h, len(names))
+        state = remap[raw]
+        hashed = state >= 0
+        solo = np.flatnonzero(~hashed)
+        state[solo] = len(names) + np.arange(solo.size)
+        invalid = np.fromiter((i.get(action_valid_key, True) is False for i in infos), dtype=bool, count=n)
+        text = np.array([i.get(state_text_key) for i in infos], dtype=object)
+        return cls(group, run, step, reward, state, hashed, invalid, text, traj, list(names))
+
 
 # ---------------------------------------------------------------------------------- GiGPO
 _PAPER = GiGPOConfig()
+
+_GIGPO_ARGS: dict[str, Any] = {
+    "omega": _PAPER.omega,
+    "gamma": _PAPER.gamma,
+    "fnorm": _PAPER.norm,
+    "epsilon": _PAPER.eps,
+    "std": _PAPER.std,
+    "episode_weighting": _PAPER.episode_weighting,
+    "singleton_episode": _PAPER.singleton_episode,
+    "invalid_action_penalty": _PAPER.invalid_action_penalty,
+    "penalty_timing": _PAPER.penalty_timing,
+    "similarity_threshold": _PAPER.similarity_threshold,
+    "similarity": _PAPER.similarity,
+    "similarity_grouping": _PAPER.similarity_grouping,
+    "step_reward_key": "step_reward",
+    "env_state_hash_key": "env_state_hash",
+    "action_valid_key": "is_action_valid",
+    "state_text_key": "env_state_text",
+}
+"""``advantage_fn_args`` of ``dso_gigpo`` and their defaults (the paper's)."""
+
+
+def refuse_unknown(kind: str, given: dict, valid: list[str]) -> None:
+    """Raise ValueError naming unknown ``advantage_fn_args`` keys and listing the valid ones."""
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ValueError(f"{kind}: unknown argument(s) {unknown}; valid arguments: {sorted(valid)}")
 
 
 class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
@@ -39,8 +345,12 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     * a trajectory is ``eid.rid``; its steps are ordered by ``eid.step`` (consecutive from 0);
     * the step reward is ``info[step_reward_key]``; a trajectory with none takes its last
       step's ``reward`` as a terminal reward (Trinity's convention), other steps 0;
-    * the anchor state is ``info[env_state_hash_key]``; a step without one is its own anchor
-      group (so A_S = 0 for it, as in Trinity).
+    * the anchor state is ``info[env_state_hash_key]`` (str or bytes; anything else is refused,
+      never ``str()``-ed: hash structured observations with
+      :func:`orchestrator.anchors.keys.state_hash`); a step without one is its own anchor
+      group (so A_S = 0 for it, as in Trinity);
+    * an action is invalid when ``info[action_valid_key]`` is False (verl-agent's
+      ``is_action_valid``); the state text for similarity grouping is ``info[state_text_key]``.
 
     The scalar ``A = A_E + omega * A_S`` is broadcast over ``action_mask`` into
     ``advantages`` and ``returns`` ((T,) float32).
@@ -58,42 +368,47 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     On a batch of one task with n > 1 trajectories and the same arguments the two agree up to
     float32 rounding.
 
-    Args:
+    Args (every :class:`algos.gigpo.GiGPOConfig` field is reachable from the YAML's
+    ``advantage_fn_args``; the options that restore verl-agent's behaviour are documented there):
         omega: weight of the step advantage, >= 0 (paper: 1).
         gamma: discount in [0, 1] (paper: 0.95).
         fnorm: ``"std"`` (paper, Eq. 3 and 7) or ``"none"`` (F_norm = 1).
         epsilon: added to the std, > 0.
-        step_reward_key, env_state_hash_key: ``Experience.info`` keys (Trinity's names).
+        std: ``"sample"`` (ddof 1, verl-agent) or ``"population"`` (ddof 0).
+        episode_weighting: ``"trajectory"`` (paper) or ``"step"`` (verl-agent's default).
+        singleton_episode: ``"zero"`` or ``"raw"`` (verl-agent).
+        invalid_action_penalty: >= 0, subtracted for each invalid action.
+        penalty_timing: ``"before_returns"`` or ``"after_returns"`` (verl-agent).
+        similarity_threshold: None (exact hashes) or in (0, 1]: group similar state texts.
+        similarity: ``"ratio"`` or ``"jaccard"``.
+        similarity_grouping: ``"components"`` or ``"greedy"`` (verl-agent).
+        step_reward_key, env_state_hash_key, action_valid_key, state_text_key:
+            ``Experience.info`` keys.
     Raises:
+        ValueError: an unknown argument (the message lists the valid ones).
         pydantic.ValidationError: out-of-range arguments (via :class:`algos.gigpo.GiGPOConfig`).
         algos.gigpo.InvalidStepError: at call time, a non-finite reward, a duplicate or
             missing step of a trajectory (the message names the row, group and run).
     """
 
-    def __init__(
-        self,
-        omega: float = _PAPER.omega,
-        gamma: float = _PAPER.gamma,
-        fnorm: str = _PAPER.norm,
-        epsilon: float = _PAPER.eps,
-        step_reward_key: str = "step_reward",
-        env_state_hash_key: str = "env_state_hash",
-        **kwargs,
-    ) -> None:
-        self.config = GiGPOConfig(omega=omega, gamma=gamma, norm=fnorm, eps=epsilon)
-        self.step_reward_key = step_reward_key
-        self.env_state_hash_key = env_state_hash_key
+    def __init__(self, **kwargs: Any) -> None:
+        refuse_unknown("dso_gigpo", kwargs, list(_GIGPO_ARGS))
+        a = {**_GIGPO_ARGS, **kwargs}
+        self.config = GiGPOConfig(
+            omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
+            episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
+            invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
+            similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
+            similarity_grouping=a["similarity_grouping"],
+        )
+        self.step_reward_key = str(a["step_reward_key"])
+        self.env_state_hash_key = str(a["env_state_hash_key"])
+        self.action_valid_key = str(a["action_valid_key"])
+        self.state_text_key = str(a["state_text_key"])
 
     @classmethod
     def default_args(cls) -> dict:
-        return {
-            "omega": _PAPER.omega,
-            "gamma": _PAPER.gamma,
-            "fnorm": _PAPER.norm,
-            "epsilon": _PAPER.eps,
-            "step_reward_key": "step_reward",
-            "env_state_hash_key": "env_state_hash",
-        }
+        return dict(_GIGPO_ARGS)
 
     @classmethod
     def compute_in_trainer(cls) -> bool:
@@ -102,41 +417,32 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __call__(self, exps, **kwargs):
         return self.process(exps)
 
-    def rows(self, exps: list[TrinityExperience]) -> dict[str, np.ndarray]:
-        """Per-step rows of a batch, one per experience, in the batch's order.
+    def rows(self, exps: list[TrinityExperience]) -> StepRows:
+        """Per-step rows of a batch, one per experience, in the batch's order (one pass per field).
 
-        Returns:
-            ``group`` (N,) str (``eid.tid``), ``run`` (N,) str (``eid.rid``), ``step`` (N,)
-            int64, ``reward`` (N,) float64 step rewards, ``state`` (N,) object anchor keys.
+        A trajectory without any explicit step reward takes its last step's ``reward`` (0 when
+        None) as a terminal reward, other steps 0 (Trinity's ``gigpo`` convention).
         """
-        n = len(exps)
-        group = np.array([str(e.eid.tid) for e in exps], dtype=object)
-        run = np.array([str(e.eid.rid) for e in exps], dtype=object)
-        step = np.array([int(e.eid.step) for e in exps], dtype=np.int64)
-        infos = [e.info or {} for e in exps]
-        explicit = np.array([self.step_reward_key in i for i in infos], dtype=bool)
-        reward = np.array([float(i.get(self.step_reward_key, 0.0)) for i in infos], dtype=np.float64)
-        run_ids, num_runs = encode_keys(run)
-        # trajectories without any explicit step reward: the last step carries exp.reward
-        has_explicit = np.bincount(run_ids, weights=explicit, minlength=num_runs) > 0
-        last = np.full(num_runs, -1, dtype=np.int64)
-        np.maximum.at(last, run_ids, step)
-        terminal = np.flatnonzero(~has_explicit[run_ids] & (step == last[run_ids]))
-        reward[terminal] = [float(exps[i].reward) if exps[i].reward is not None else 0.0 for i in terminal]
-        state = np.array(
-            [
-                str(i[self.env_state_hash_key]) if i.get(self.env_state_hash_key) is not None else f"\x00solo/{k}"
-                for k, i in enumerate(infos)
-            ],
-            dtype=object,
-        )
-        assert len(state) == n
-        return {"group": group, "run": run, "step": step, "reward": reward, "state": state}
+        return StepRows.read(exps, self.step_reward_key, self.env_state_hash_key, self.action_valid_key, self.state_text_key)
 
     def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
         """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
-        r = self.rows(exps)
-        return gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=self.config)
+        return self._compute(exps, self.rows(exps))
+
+    def _compute(self, exps: list[TrinityExperience], r: StepRows) -> GiGPOAdvantages:
+        texts = None
+        if self.config.similarity_threshold is not None:
+            missing = [k for k, t in enumerate(r.text) if not isinstance(t, str)]
+            if missing:
+                k = missing[0]
+                raise InvalidStepError(
+                    f"info[{self.state_text_key!r}]: similarity_threshold is set but row {k} (group {exps[k].eid.tid!r}) "
+                    "has no state text"
+                )
+            texts = list(r.text)
+        return gigpo_advantages(
+            r.group, r.run, r.step, r.reward, r.state_keys(), config=self.config, invalid=r.invalid, state_texts=texts
+        )
 
     def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """Set ``advantages`` and ``returns`` ((T,) float32, A times ``action_mask``) on each experience.
@@ -149,28 +455,34 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """
         if not exps:
             return [], {}
-        res = self.compute(exps)
-        for e, a in zip(exps, res.advantages.tolist()):
-            if e.action_mask is not None:
-                e.advantages = e.action_mask.to(torch.float32) * a
-            else:
-                e.advantages = torch.tensor(a, dtype=torch.float32)
-            e.returns = e.advantages.clone()
-        hashed = np.array([(e.info or {}).get(self.env_state_hash_key) is not None for e in exps], dtype=bool)
-        ids = np.unique(res.anchor_ids[hashed])
-        sizes = np.zeros(int(res.anchor_ids.max()) + 1, dtype=np.int64)
-        sizes[res.anchor_ids] = res.anchor_sizes
-        total, hit = int(ids.size), int((sizes[ids] > 1).sum())
-        metrics = {
-            "dso_gigpo/mean_abs_A_E": float(np.abs(res.episode).mean()),
-            "dso_gigpo/mean_abs_A_S": float(np.abs(res.step).mean()),
-            "dso_gigpo/anchor_groups_total": total,
-            "dso_gigpo/anchor_groups_size_gt1": hit,
-            "dso_gigpo/anchor_group_hit_ratio": hit / total if total else 0.0,
-        }
-        return exps, metrics
+        r = self.rows(exps)
+        res = self._compute(exps, r)
+        write_token_advantages(exps, res.advantages)
+        return exps, gigpo_metrics(res.episode, res.step, res.anchor_ids, res.anchor_sizes, r.hashed)
 
 
+def gigpo_metrics(
+    episode: np.ndarray, step: np.ndarray, anchor_ids: np.ndarray, anchor_sizes: np.ndarray, hashed: np.ndarray
+) -> dict[str, float | int]:
+    """The ``dso_gigpo/*`` metrics of a batch: mean |A_E| and |A_S|, anchor groups of hashed
+    states, those of size > 1 and their share.
+
+    Args:
+        episode, step: (N,) float64, A_E and A_S per step.
+        anchor_ids, anchor_sizes: (N,) int64, anchor group and its size per step.
+        hashed: (N,) bool, the step has an ``env_state_hash``.
+    """
+    sizes = np.zeros(int(anchor_ids.max()) + 1, dtype=np.int64)
+    sizes[anchor_ids] = anchor_sizes
+    ids = np.unique(anchor_ids[hashed])
+    total, hit = int(ids.size), int((sizes[ids] > 1).sum())
+    return {
+        "dso_gigpo/mean_abs_A_E": float(np.abs(episode).mean()),
+        "dso_gigpo/mean_abs_A_S": float(np.abs(step).mean()),
+        "dso_gigpo/anchor_groups_total": total,
+        "dso_gigpo/anchor_groups_size_gt1": hit,
+        "dso_gigpo/anchor_group_hit_ratio": hit / total if total else 0.0,
+    }
 
 
 # ---------------------------------------------------------------------------------- GiGPO via the index
@@ -185,21 +497,24 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
 
     Per call (the experiences of one explore step, or a share of them):
 
-    1. the rows are keyed exactly as ``dso_gigpo`` does (group = ``eid.tid``, trajectory =
+    1. the rows are read as ``dso_gigpo`` reads them (group = ``eid.tid``, trajectory =
        ``eid.rid``, step order ``eid.step``, step reward ``info[step_reward_key]`` or the
-       terminal ``reward``, anchor state ``info[env_state_hash_key]``), and the discounted
-       returns R_t (Eq. 5) and trajectory totals are computed locally
-       (:func:`algos.gigpo.gigpo_advantages`, which also validates the steps);
+       terminal ``reward``, anchor state ``info[env_state_hash_key]``); only what the index
+       cannot hold is computed here: the discounted returns R_t (Eq. 5, which also validates
+       the steps) and each trajectory's total reward;
     2. every step is written to the index under batch key ``trinity-<eid.batch>`` as an
        :class:`~orchestrator.anchors.index.AnchorStep` (task = ``eid.tid``, run = ``eid.run``,
        ``last`` = the trajectory's last step in the call); every trajectory's total reward is
        written once under ``trinity-<eid.batch>:episode`` (state ``"episode"``), so that the
        episode groups (Eq. 3, each trajectory counted once) are shared too. A step without a
        state hash gets a state of its own (A_S = 0, as in ``dso_gigpo``);
-    3. with ``group_size`` set, it waits (up to ``wait_timeout_s``) until every group of the
-       call has ``group_size`` complete trajectories in the index - written by this or any
-       other advantage worker - then queries A_S per (group, state) and A_E per group from the
-       index's moments (:meth:`AnchorIndex.step_advantages`, ``n_runs=group_size``);
+    3. with ``group_size`` set, groups that the call holds whole (``group_size``
+       trajectories) are queried at once; only groups split over calls or workers are waited
+       for (up to ``wait_timeout_s``) until the index holds ``group_size`` complete
+       trajectories of each - written by this or any other advantage worker. A_S per (group,
+       state) and A_E per group then come from the index's moments
+       (:meth:`AnchorIndex.step_advantages`, ``n_runs=group_size``, which refuses an
+       incomplete group);
     4. ``A = A_E + omega * A_S`` is broadcast over ``action_mask`` as ``dso_gigpo`` does.
 
     When each call holds whole groups (Trinity's default), the numbers equal ``dso_gigpo``'s to
@@ -209,13 +524,15 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
 
     Where the index is: ``redis_url`` (a :class:`RedisAnchorIndex` opened here), else the
     orchestrator actor ``actor_name`` in ``namespace`` (default: the caller's Ray namespace,
-    i.e. the run's), whose ``anchor_spec()`` names its Redis (queried directly) or its memory
-    index (queried through the actor). When the actor exists, batch keys are registered with
+    i.e. the run's), whose ``anchor_spec()`` names its Redis or the Ray actor serving its memory
+    index (both queried directly, never through the orchestrator). When the actor exists, batch keys are registered with
     it (``anchor_register``, at the experiences' ``model_version``) so its version-based
     expiry drops them; otherwise the index TTL does.
 
     Args:
-        omega, gamma, fnorm, epsilon, step_reward_key, env_state_hash_key: as ``dso_gigpo``.
+        every ``dso_gigpo`` argument (keyword), except that the shared index needs
+            ``singleton_episode="zero"``, ``std="sample"``, ``episode_weighting="trajectory"``
+            and no ``similarity_threshold`` (other values are refused, naming them).
         actor_name, namespace: the orchestrator actor (default ``dso-orchestrator``).
         redis_url, prefix, ttl_s: a Redis index to use without an actor (prefix and TTL as
             :class:`~orchestrator.anchors.owner.AnchorIndexConfig`).
@@ -224,6 +541,8 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         wait_timeout_s: longest wait for incomplete groups, seconds.
         lookup_timeout_s: longest wait for the actor to appear, seconds.
     Raises:
+        ValueError: an unknown argument (the valid ones are listed) or an option the index
+            cannot honour.
         pydantic.ValidationError: out-of-range GiGPO arguments.
         algos.gigpo.InvalidStepError: a non-finite reward, a duplicate or missing step.
         orchestrator.trinity.attach.OrchestratorNotFoundError: no ``redis_url`` and no actor.
@@ -234,12 +553,6 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
 
     def __init__(
         self,
-        omega: float = _PAPER.omega,
-        gamma: float = _PAPER.gamma,
-        fnorm: str = _PAPER.norm,
-        epsilon: float = _PAPER.eps,
-        step_reward_key: str = "step_reward",
-        env_state_hash_key: str = "env_state_hash",
         actor_name: str = DEFAULT_NAME,
         namespace: str | None = None,
         redis_url: str | None = None,
@@ -248,13 +561,26 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         group_size: int | None = None,
         wait_timeout_s: float = 60.0,
         lookup_timeout_s: float = 60.0,
-        **kwargs: Any,
+        **gigpo: Any,
     ) -> None:
-        self.local = DsoGiGPOAdvantageFn(
-            omega=omega, gamma=gamma, fnorm=fnorm, epsilon=epsilon,
-            step_reward_key=step_reward_key, env_state_hash_key=env_state_hash_key,
-        )
+        own = ["actor_name", "namespace", "redis_url", "prefix", "ttl_s", "group_size", "wait_timeout_s", "lookup_timeout_s"]
+        refuse_unknown("dso_gigpo_index", gigpo, list(_GIGPO_ARGS) + own)
+        self.local = DsoGiGPOAdvantageFn(**gigpo)
         self.config = self.local.config
+        unsupported = {
+            k: getattr(self.config, f) for k, f, ok in (
+                ("singleton_episode", "singleton_episode", "zero"),
+                ("similarity_threshold", "similarity_threshold", None),
+                ("std", "std", "sample"),
+                ("episode_weighting", "episode_weighting", "trajectory"),
+            ) if getattr(self.config, f) != ok
+        }
+        if unsupported:
+            raise ValueError(
+                f"dso_gigpo_index: {unsupported} need the whole batch in one place; the shared index supports "
+                "singleton_episode='zero', std='sample', episode_weighting='trajectory' and exact state hashes "
+                "only (use dso_gigpo for these options)"
+            )
         if group_size is not None and int(group_size) < 1:
             raise ValueError(f"group_size: must be >= 1 or null, got {group_size}")
         self.group_size = None if group_size is None else int(group_size)
@@ -265,7 +591,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         self.ttl_s = float(ttl_s)
         self.wait_timeout_s = float(wait_timeout_s)
         self.lookup_timeout_s = float(lookup_timeout_s)
-        self._index: AnchorIndex | None = None
+        self._index: AnchorIndex | RemoteAnchorIndex | None = None
         self._actor: Any = None
         self.auxiliary_models = {}
 
@@ -288,7 +614,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         return False
 
     # -- the index
-    def index(self) -> AnchorIndex:
+    def index(self) -> AnchorIndex | RemoteAnchorIndex:
         """The anchor index (opened once): ``redis_url`` if set, else the actor's."""
         if self._index is None:
             if self.redis_url:
@@ -314,72 +640,94 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
     def compute(self, exps: list[TrinityExperience]) -> dict[str, np.ndarray]:
         """GiGPO advantages of a call's experiences from the shared index.
 
+        Only what the index cannot hold is computed here: the discounted returns R_t (Eq. 5)
+        and each trajectory's total reward, from this call's steps. The anchor groups'
+        statistics (A_S, Eq. 6-7) and the episode groups' (A_E, Eq. 3) come from the index.
+        When every group of the call is whole (``group_size`` trajectories in the call, the
+        usual Trinity case), nothing waits: the query itself checks completeness. Only groups
+        split over calls or workers are waited for (polling the index's completed-run counts,
+        with back-off, up to ``wait_timeout_s``).
+
         Returns:
-            ``advantages``, ``episode`` (A_E), ``step`` (A_S), ``local`` (``dso_gigpo`` over this
-            call alone), each (N,) float64 in the call's order; ``anchor_ids`` / ``anchor_sizes``
-            (N,) int64 of the local grouping.
+            ``advantages``, ``episode`` (A_E), ``step`` (A_S), each (N,) float64 in the call's order.
         Raises:
             see the class docstring.
         """
-        r = self.local.rows(exps)
         cfg = self.config
-        local = gigpo_advantages(r["group"], r["run"], r["step"], r["reward"], r["state"], config=cfg)
+        r = self.local.rows(exps)
         n = len(exps)
-        hkey = self.local.env_state_hash_key
-        state = [
-            str(e.info[hkey]) if (e.info or {}).get(hkey) is not None else f"dso-solo:{e.eid.rid}:{int(e.eid.step)}"
-            for e in exps
-        ]
-        batch = np.array([f"trinity-{e.eid.batch}" for e in exps], dtype=object)
-        run = np.array([int(e.eid.run) for e in exps], dtype=np.int64)
-        traj, num_traj = encode_keys(r["run"])
+        # the invalid-action penalty as algos.gigpo.gigpo_advantages applies it
+        penalty = cfg.invalid_action_penalty * r.invalid
+        if cfg.penalty_timing == "before_returns":
+            returns = discounted_returns(r.reward - penalty, r.traj, r.step, gamma=cfg.gamma)
+        else:
+            returns = discounted_returns(r.reward, r.traj, r.step, gamma=cfg.gamma) - penalty
+        ep_reward = r.reward - penalty
+        num_traj = int(r.traj.max()) + 1
+        order = np.lexsort((ep_reward, r.traj))  # canonical summation order, as algos.gigpo
+        totals = np.bincount(r.traj[order], weights=ep_reward[order], minlength=num_traj)
         last = np.full(num_traj, -1, dtype=np.int64)
-        np.maximum.at(last, traj, r["step"])
+        np.maximum.at(last, r.traj, r.step)
         first_row = np.full(num_traj, -1, dtype=np.int64)
-        first_row[traj[::-1]] = np.arange(n)[::-1]
-        versions = [int((e.info or {}).get("model_version", 0) or 0) for e in exps]
+        first_row[r.traj[::-1]] = np.arange(n)[::-1]
+        # names shared by every worker: group = eid.tid, batch key = trinity-<eid.batch>
+        num_groups = int(r.group.max()) + 1
+        group_row = np.full(num_groups, -1, dtype=np.int64)
+        group_row[r.group[::-1]] = np.arange(n)[::-1]
+        group_name = np.array([exps[i].eid.tid for i in group_row.tolist()], dtype=object)
+        group_batch = np.array([f"trinity-{exps[i].eid.batch}" for i in group_row.tolist()], dtype=object)
+        tasks = group_name[r.group]
+        states = r.state_keys()
+        solo = np.flatnonzero(~r.hashed)
+        states[solo] = [f"dso-solo:{exps[i].eid.rid}:{int(r.step[i])}" for i in solo.tolist()]
+        versions = np.fromiter(
+            (int((e.info or _NO_INFO).get("model_version", 0) or 0) for e in exps), dtype=np.int64, count=n
+        )
+        traj_group = r.group[first_row]
+        runs_per_group = np.bincount(traj_group, minlength=num_groups)
         index = self.index()
         episode = np.full(n, np.nan)
         step = np.full(n, np.nan)
-        for bk in sorted(set(batch.tolist())):
-            rows = np.flatnonzero(batch == bk)
-            trajs = np.unique(traj[rows])
+        for bk in sorted(set(group_batch.tolist())):
+            in_batch = group_batch == bk
+            rows = np.flatnonzero(in_batch[r.group])
+            trajs = np.flatnonzero(in_batch[traj_group])
             if self._actor is not None:
-                ray.get(self._actor.anchor_register.remote(bk, max(versions[i] for i in rows)))
-                ray.get(self._actor.anchor_register.remote(bk + EPISODE_SUFFIX, max(versions[i] for i in rows)))
-            steps = [
-                AnchorStep(str(r["group"][i]), int(run[i]), int(r["step"][i]), state[i], float(local.returns[i]),
-                           last=bool(r["step"][i] == last[traj[i]]))
-                for i in rows
-            ]
-            ends = [
-                AnchorStep(str(r["group"][i]), int(run[i]), 0, EPISODE_STATE, float(local.episode_returns[i]), last=True)
-                for i in first_row[trajs]
-            ]
-            index.insert(bk, steps)
-            index.insert(bk + EPISODE_SUFFIX, ends)
-            groups = sorted(set(r["group"][rows].tolist()))
+                version = int(versions[rows].max())
+                ray.get(self._actor.anchor_register.remote(bk, version))
+                ray.get(self._actor.anchor_register.remote(bk + EPISODE_SUFFIX, version))
+            index.insert(bk, [
+                AnchorStep(t, u, s, h, x, last=lst)
+                for t, u, s, h, x, lst in zip(
+                    tasks[rows].tolist(), r.run[rows].tolist(), r.step[rows].tolist(), states[rows].tolist(),
+                    returns[rows].tolist(), (r.step[rows] == last[r.traj[rows]]).tolist(),
+                )
+            ])
+            index.insert(bk + EPISODE_SUFFIX, [
+                AnchorStep(t, u, 0, EPISODE_STATE, x, last=True)
+                for t, u, x in zip(tasks[first_row[trajs]].tolist(), r.run[first_row[trajs]].tolist(), totals[trajs].tolist())
+            ])
             n_runs = self.group_size
             if n_runs is not None:
-                self._wait_complete(index, bk, groups, n_runs)
-            tasks = [str(g) for g in r["group"][rows]]
+                groups = np.flatnonzero(in_batch)
+                split = groups[runs_per_group[groups] != n_runs]
+                if split.size:
+                    self._wait_complete(index, bk, sorted(group_name[split].tolist()), n_runs)
             step[rows] = index.step_advantages(
-                bk, tasks, [state[i] for i in rows], local.returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs
+                bk, tasks[rows], states[rows], returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs
             )
-            episode[rows] = index.step_advantages(
-                bk + EPISODE_SUFFIX, tasks, [EPISODE_STATE] * len(rows), local.episode_returns[rows],
+            a_e = index.step_advantages(
+                bk + EPISODE_SUFFIX, tasks[first_row[trajs]], [EPISODE_STATE] * trajs.size, totals[trajs],
                 norm=cfg.norm, eps=cfg.eps, n_runs=n_runs,
             )
-        return {
-            "advantages": episode + cfg.omega * step,
-            "episode": episode,
-            "step": step,
-            "local": local.advantages,
-            "anchor_ids": local.anchor_ids,
-            "anchor_sizes": local.anchor_sizes,
-        }
+            per_traj = np.full(num_traj, np.nan)
+            per_traj[trajs] = a_e
+            episode[rows] = per_traj[r.traj[rows]]
+        return {"advantages": episode + cfg.omega * step, "episode": episode, "step": step}
 
     def _wait_complete(self, index: AnchorIndex, batch_key: str, groups: list[str], n_runs: int) -> None:
+        """Poll (back-off 20 ms doubling to 0.5 s) until each group has ``n_runs`` complete
+        trajectories under ``batch_key`` and its episode key; raise after ``wait_timeout_s``."""
         deadline = time.monotonic() + self.wait_timeout_s
         delay = 0.02
         while True:
@@ -400,36 +748,19 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         """Set ``advantages`` / ``returns`` ((T,) float32, A times ``action_mask``) on each experience.
 
         Returns:
-            the experiences, and the ``dso_gigpo/*`` metrics of ``dso_gigpo`` (anchor counts of
-            this call) plus ``dso_gigpo_index/seconds`` (index round trips) and
-            ``dso_gigpo_index/max_abs_diff_local`` (vs. ``dso_gigpo`` over this call alone:
-            ~0 when the call holds whole groups).
+            the experiences, and ``dso_gigpo/mean_abs_A_E``, ``dso_gigpo/mean_abs_A_S`` and
+            ``dso_gigpo_index/seconds`` (reading, index round trips and waiting).
         """
         if not exps:
             return [], {}
         t0 = time.perf_counter()
         res = self.compute(exps)
         seconds = time.perf_counter() - t0
-        for e, a in zip(exps, res["advantages"].tolist()):
-            if e.action_mask is not None:
-                e.advantages = e.action_mask.to(torch.float32) * a
-            else:
-                e.advantages = torch.tensor(a, dtype=torch.float32)
-            e.returns = e.advantages.clone()
-        hkey = self.local.env_state_hash_key
-        hashed = np.array([(e.info or {}).get(hkey) is not None for e in exps], dtype=bool)
-        ids = np.unique(res["anchor_ids"][hashed])
-        sizes = np.zeros(int(res["anchor_ids"].max()) + 1, dtype=np.int64)
-        sizes[res["anchor_ids"]] = res["anchor_sizes"]
-        total, hit = int(ids.size), int((sizes[ids] > 1).sum())
+        write_token_advantages(exps, res["advantages"])
         metrics = {
             "dso_gigpo/mean_abs_A_E": float(np.abs(res["episode"]).mean()),
             "dso_gigpo/mean_abs_A_S": float(np.abs(res["step"]).mean()),
-            "dso_gigpo/anchor_groups_total": total,
-            "dso_gigpo/anchor_groups_size_gt1": hit,
-            "dso_gigpo/anchor_group_hit_ratio": hit / total if total else 0.0,
             "dso_gigpo_index/seconds": seconds,
-            "dso_gigpo_index/max_abs_diff_local": float(np.max(np.abs(res["advantages"] - res["local"]))),
         }
         return exps, metrics
 

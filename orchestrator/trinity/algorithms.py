@@ -7,11 +7,12 @@ from typing import Any
 
 from trinity.algorithm.algorithm import AlgorithmType
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.attach import AttachConfig
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.registry import (
     GIGPO_ADVANTAGE_CLASS_PATH,
+    GRPO_ADVANTAGE_CLASS_PATH,
     INDEX_ADVANTAGE_CLASS_PATH,
     INDEX_ADVANTAGE_NAME,
     LOSS_CLASS_PATH,
@@ -63,6 +64,12 @@ def configure_orchestrated_run(config: Any) -> None:
     * with ``advantage_fn: dso_gigpo_index``: its ``actor_name`` / ``namespace`` / ``group_size``
       are set to the orchestrator's, and the orchestrator must have an ``anchor_index``.
 
+    With ``algorithm.loss_agg_mode`` token-mean (DAPO Eq. 12) it also sets
+    ``trainer.fix_actor_microbatch_loss_scale = True``: Trinity then scales each micro-batch's
+    token-mean loss by its share of the mini-batch's response tokens, so the accumulated
+    gradient is the exact token mean of the mini-batch whatever the micro-batches' sizes
+    (Trinity's default, ``1 / gradient_accumulation``, weights short micro-batches' tokens up).
+
     Raises:
         ValueError, naming the fields and values: no ``dso_orchestrator`` operator in
             ``data_processor.experience_pipeline.operators``; conflicting settings;
@@ -75,6 +82,8 @@ def configure_orchestrated_run(config: Any) -> None:
     """
     algo = config.algorithm
     n = int(algo.repeat_times)
+    if (algo.loss_agg_mode or "token-mean") == "token-mean" and getattr(config, "trainer", None) is not None:
+        config.trainer.fix_actor_microbatch_loss_scale = True
     pipeline_ops = config.data_processor.experience_pipeline.operators
     ops = [op for op in pipeline_ops if _is_ours(op.name, OPERATOR_NAME, OPERATOR_CLASS_PATH)]
     if not ops:
@@ -169,7 +178,8 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     surplus informative groups as carry-over, emits train batches of exactly ``target_groups``
     groups, and the ``dso_orchestrator`` task selector steers which tasks are rolled out next.
 
-    Defaults (paper, Sec. 3 and 4.1): 16 rollouts per prompt, GRPO group-relative advantages,
+    Defaults (paper, Sec. 3 and 4.1): 16 rollouts per prompt, GRPO group-relative advantages
+    (``dso_grpo``: Trinity's ``grpo``, vectorised over the batch),
     clip-higher with eps_low 0.2 / eps_high 0.28, token-level loss averaging, no KL term, no
     reference model. Dual clip (``clip_ratio_c``) is off as in the paper; set it to enable.
     """
@@ -184,7 +194,8 @@ class DsoDAPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     def default_config(cls) -> dict:
         return {
             "repeat_times": 16,
-            "advantage_fn": "grpo",
+            "advantage_fn": GRPO_ADVANTAGE_CLASS_PATH,
+            "advantage_fn_args": DsoGRPOAdvantageFn.default_args(),
             "sample_strategy": "default",
             "policy_loss_fn": LOSS_CLASS_PATH,
             "policy_loss_fn_args": DsoClipHigherPolicyLossFn.default_args(),

@@ -105,21 +105,35 @@ def attach_args(cfg: AttachConfig, role: str, session: str, num_tasks: int) -> d
 
 
 def find_orchestrator(name: str, namespace: str | None = None, *, timeout_s: float = 0.0) -> Any:
-    """The named actor in ``namespace`` (default ``trinity-dso``), for synchronous callers.
+    """The named actor in ``namespace`` (default ``trinity-dso``), alive, for synchronous callers.
 
-    Polls up to ``timeout_s`` seconds. Not for async code: see :func:`find_orchestrator_async`.
+    Polls up to ``timeout_s`` seconds, and until the actor answers a ping: a name still bound
+    to a dead actor, or an actor restarting from its state file, is looked up again rather than
+    handed out. A handle found here follows Ray's restarts of the actor (``max_restarts``); call
+    this again after ``RayActorError`` to find an actor created anew under the name. Not for
+    async code: see :func:`find_orchestrator_async`.
+
     Raises:
-        OrchestratorNotFoundError: not there after ``timeout_s``.
+        OrchestratorNotFoundError: not there, or not answering, after ``timeout_s``.
     """
+    import ray.exceptions as rex
+
     ns = namespace or DEFAULT_NAMESPACE
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return ray.get_actor(name, namespace=ns)
+            handle = ray.get_actor(name, namespace=ns)
+            ray.get(handle.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return handle
         except ValueError:
-            if time.monotonic() >= deadline:
-                raise _not_found(name, ns) from None
-            time.sleep(0.2)
+            why = _not_found(name, ns)
+        except (rex.RayActorError, rex.ActorUnavailableError, rex.GetTimeoutError) as err:
+            why = OrchestratorNotFoundError(
+                f"actor_name: orchestrator {name!r} in Ray namespace {ns!r} does not answer ({type(err).__name__})"
+            )
+        if time.monotonic() >= deadline:
+            raise why from None
+        time.sleep(0.2)
 
 
 async def find_orchestrator_async(name: str, namespace: str | None = None, *, timeout_s: float = 0.0) -> Any:

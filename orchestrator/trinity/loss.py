@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from trinity.algorithm.policy_loss_fn import PolicyLossFn
 
-from algos.dapo import clip_higher_policy_loss
+from algos.dapo import LOSS_AGG_MODES, aggregate_loss, clip_higher_policy_loss
 
 
 class DsoClipHigherPolicyLossFn(PolicyLossFn):
@@ -14,19 +14,26 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
     Per token, ``ratio = exp(logprob - old_logprob)``,
     ``l = max(-A * ratio, -A * clip(ratio, 1 - clip_range_low, 1 + clip_range_high))``, and with
     ``clip_ratio_c = c`` (dual clip, Ye et al. 2020) ``l = min(l, -A * c)`` where ``A < 0``.
-    The loss is the mean over all response tokens of the micro-batch (token-mean, DAPO Eq. 12).
+    The per-token loss is reduced by :func:`algos.dapo.aggregate_loss` over the micro-batch:
+    ``token-mean`` (default, DAPO Eq. 12), ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (Dr. GRPO, with the fixed length ``loss_agg_norm_length``).
 
     Same argument names as Trinity's ``ppo`` loss, so YAMLs carry over. Differences from
     Trinity's ``ppo``: dual clip is optional (``None`` disables it; Trinity's is always on at
-    3.0), the log-ratio is not clamped to [-20, 20], and only ``token-mean`` aggregation exists.
+    3.0), the log-ratio is not clamped to [-20, 20], and ``seq-mean-token-sum-norm`` also
+    averages over sequences (see :func:`algos.dapo.aggregate_loss`).
 
     Args:
         backend: Trinity trainer backend whose tensor names are mapped (``"verl"``).
         clip_range_low, clip_range_high: eps_low in [0, 1), eps_high >= 0 (paper: 0.2, 0.28).
         clip_ratio_c: dual-clip bound c > 1, or None.
-        loss_agg_mode: must be ``"token-mean"`` (Trinity writes ``algorithm.loss_agg_mode`` here).
+        loss_agg_mode: one of ``token-mean``, ``seq-mean-token-mean``,
+            ``seq-mean-token-sum-norm`` (Trinity writes ``algorithm.loss_agg_mode`` here).
+        loss_agg_norm_length: L in tokens for ``seq-mean-token-sum-norm`` (keep it constant,
+            e.g. the response budget); required with that mode.
     Raises:
-        ValueError: clip values out of range, or another ``loss_agg_mode``.
+        ValueError: clip values out of range, an unknown ``loss_agg_mode`` (the valid ones are
+            listed), or ``seq-mean-token-sum-norm`` without a positive length.
     """
 
     def __init__(
@@ -36,6 +43,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         clip_range_high: float = 0.28,
         clip_ratio_c: float | None = None,
         loss_agg_mode: str = "token-mean",
+        loss_agg_norm_length: int | None = None,
     ) -> None:
         super().__init__(backend=backend)
         if not 0 <= clip_range_low < 1 or clip_range_high < 0:
@@ -44,8 +52,13 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             )
         if clip_ratio_c is not None and clip_ratio_c <= 1:
             raise ValueError(f"clip_ratio_c: must be > 1 or null, got {clip_ratio_c}")
-        if loss_agg_mode != "token-mean":
-            raise ValueError(f"loss_agg_mode: dso_clip_higher implements DAPO's 'token-mean' only, got {loss_agg_mode!r}")
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {loss_agg_mode!r}")
+        if loss_agg_mode == "seq-mean-token-sum-norm" and not (loss_agg_norm_length and loss_agg_norm_length > 0):
+            raise ValueError(
+                f"loss_agg_norm_length: seq-mean-token-sum-norm needs a fixed length > 0, got {loss_agg_norm_length!r}"
+            )
+        self.loss_agg_norm_length = None if loss_agg_norm_length is None else int(loss_agg_norm_length)
         self.clip_range_low = float(clip_range_low)
         self.clip_range_high = float(clip_range_high)
         self.clip_ratio_c = None if clip_ratio_c is None else float(clip_ratio_c)
@@ -79,11 +92,13 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             eps_low=self.clip_range_low,
             eps_high=self.clip_range_high,
             dual_clip=self.clip_ratio_c,
+            loss_agg_mode=self.loss_agg_mode,
+            norm_length=self.loss_agg_norm_length,
         )
         with torch.no_grad():
             mask = action_mask.to(logprob.dtype)
             denom = mask.sum().clamp(min=1.0)
-            ppo_kl = ((old_logprob - logprob) * mask).sum() / denom
+            ppo_kl = aggregate_loss(old_logprob - logprob, action_mask, "token-mean")
             lower = torch.zeros((), dtype=logprob.dtype)
             if self.clip_ratio_c is not None:
                 ratio = torch.exp(logprob - old_logprob)
@@ -103,6 +118,12 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
 
     @classmethod
     def default_args(cls) -> dict:
-        return {"clip_range_low": 0.2, "clip_range_high": 0.28, "clip_ratio_c": None, "loss_agg_mode": "token-mean"}
+        return {
+            "clip_range_low": 0.2,
+            "clip_range_high": 0.28,
+            "clip_ratio_c": None,
+            "loss_agg_mode": "token-mean",
+            "loss_agg_norm_length": None,
+        }
 
 

@@ -13,6 +13,7 @@ from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
 from algos.dapo import GroupReason
+from orchestrator.core.machine import DataExhaustedError
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.trinity.attach import (
@@ -36,14 +37,21 @@ class OrchestratorOperator(ExperienceOperatorV1):
     * ``reward``: the sum of ``info["step_reward"]`` over its steps when present, else the last
       step's ``reward`` (single-turn: the reward);
     * ``metrics``: the last step's metrics (e.g. ``accuracy``, which the filter may judge);
-    * ``info["model_version"]``: Trinity's ``info["model_version"]``.
+    * ``info["model_version"]``: Trinity's ``info["model_version"]`` (each member keeps its own;
+      the group is stamped with its *oldest* member's, so staleness is judged per member).
 
-    Complete groups (exactly ``group_size`` runs) are submitted with ``submit_groups``; every
+    Complete groups (exactly ``group_size`` runs) are submitted with ``submit_groups(...,
+    on_invalid="drop")``: a group the orchestrator cannot use (e.g. a ``None`` reward under
+    ``group_validity="reject"``) is dropped with reason ``invalid``, counted
+    (``dso/groups_invalid``) and logged by the actor, and the other groups of the step go on. Every
     batch the actor then releases (``pop_batch`` until empty) is expanded back to its Trinity
     experiences (all steps), in group order, and returned. Groups released as padding
     (``on_cap="pad"``) get an all-zero ``action_mask`` (zero loss weight) and
     ``info["dso_padding"] = True``. Every released experience carries ``info["dso_batch_id"]``
     and ``info["dso_reason"]``.
+
+    End of data: when the actor is exhausted (``max_epochs`` / ``max_rollouts``) and nothing
+    was released, its kept groups are released as a last batch (``finish_batch``, per ``on_cap``).
 
     Replenish cap: one explore step counts as one round. When ``policy.max_replenish_rounds``
     is > 0 and that many rounds after the first passed without a release, the operator closes
@@ -64,7 +72,6 @@ class OrchestratorOperator(ExperienceOperatorV1):
     Raises:
         OrchestratorNotFoundError: at the first call, no actor and no ``num_tasks``.
         orchestrator.service.actor.RunConflictError: the actor serves another run.
-        algos.dapo.InvalidGroupError: a group the orchestrator rejects (e.g. a NaN reward).
         orchestrator.core.machine.ReplenishCapError: cap hit under ``on_cap="raise"``.
     """
 
@@ -179,7 +186,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 payload[key] = steps
                 rollouts.append(summary)
             rollouts.sort(key=lambda r: r.eid.run)
-            version = max(r.info["model_version"] for r in rollouts)
+            version = min(r.info["model_version"] for r in rollouts)  # the oldest member: staleness is per member
             groups.append(Group(task_id=task_id, rollouts=rollouts, model_version=version, round=self._rounds_open))
         return groups, payload, incomplete
 
@@ -212,8 +219,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
         groups, payload, incomplete = self.to_groups(exps)
         labels: list[str] = []
         if groups:
-            self._hold(payload)
-            labels = await actor.submit_groups.remote(groups)
+            self._hold(payload)  # on disk before the actor holds the groups
+            labels = await actor.submit_groups.remote(groups, on_invalid="drop")
             for g, label in zip(groups, labels):
                 if label != GroupReason.INFORMATIVE.label:
                     self._held_dropped.update(r.info["trinity_rid"] for r in g.rollouts)
@@ -233,10 +240,21 @@ class OrchestratorOperator(ExperienceOperatorV1):
             batches += 1
             padded += batch.num_padding
             self._rounds_open = 0
+        if not batches and await actor.exhausted.remote():
+            try:
+                batch = await actor.finish_batch.remote()
+            except DataExhaustedError:
+                batch = None
+            if batch is not None:
+                released.extend(self.expand(batch))
+                batches += 1
+                padded += batch.num_padding
+                self._rounds_open = 0
         metrics = {
             "dso/groups_submitted": len(groups),
             "dso/groups_kept": sum(label == GroupReason.INFORMATIVE.label for label in labels),
             "dso/groups_incomplete": incomplete,
+            "dso/groups_invalid": sum(label == GroupReason.INVALID.label for label in labels),
             "dso/batches_released": batches,
             "dso/groups_padding": padded,
             "dso/experiences_released": len(released),

@@ -6,6 +6,7 @@ registry                    name                   class (dotted path usable in 
 ``ALGORITHM_TYPE``          ``dso_dapo``           ``orchestrator.trinity.algorithms.DsoDAPOAlgorithm``
 ``ALGORITHM_TYPE``          ``dso_gigpo``          ``orchestrator.trinity.algorithms.DsoGiGPOAlgorithm``
 ``POLICY_LOSS_FN``          ``dso_clip_higher``    ``orchestrator.trinity.loss.DsoClipHigherPolicyLossFn``
+``ADVANTAGE_FN``            ``dso_grpo``           ``orchestrator.trinity.advantage.DsoGRPOAdvantageFn``
 ``ADVANTAGE_FN``            ``dso_gigpo``          ``orchestrator.trinity.advantage.DsoGiGPOAdvantageFn``
 ``ADVANTAGE_FN``            ``dso_gigpo_index``    ``orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn``
 ``EXPERIENCE_OPERATORS``    ``dso_orchestrator``   ``orchestrator.trinity.operator.OrchestratorOperator``
@@ -21,7 +22,7 @@ How a Trinity run uses them::
     explorer --rollouts--> experience pipeline: OrchestratorOperator.process(exps)
         - one summary per (task, run) -> actor.submit_groups -> keep / drop / carry over
         - actor.pop_batch until empty -> the Trinity experiences of each released batch
-    --> advantage fn (grpo / dso_gigpo / dso_gigpo_index) --> Trinity queue --> trainer
+    --> advantage fn (dso_grpo / dso_gigpo / dso_gigpo_index) --> Trinity queue --> trainer
 
 Task identity: Trinity's ``eid.task`` is a position within an explore step, so the stable task
 id is the dataset row, ``info["task_index"]["index"]`` (set by Trinity's workflow runner), as a
@@ -39,7 +40,7 @@ import logging
 from trinity.algorithm import ADVANTAGE_FN, ALGORITHM_TYPE, POLICY_LOSS_FN
 from trinity.buffer.operators import EXPERIENCE_OPERATORS
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.operator import OrchestratorOperator
@@ -60,6 +61,7 @@ def register() -> bool:
     register_into(ALGORITHM_TYPE, "dso_dapo", DsoDAPOAlgorithm)
     register_into(ALGORITHM_TYPE, "dso_gigpo", DsoGiGPOAlgorithm)
     register_into(POLICY_LOSS_FN, "dso_clip_higher", DsoClipHigherPolicyLossFn)
+    register_into(ADVANTAGE_FN, "dso_grpo", DsoGRPOAdvantageFn)
     register_into(ADVANTAGE_FN, "dso_gigpo", DsoGiGPOAdvantageFn)
     register_into(ADVANTAGE_FN, INDEX_ADVANTAGE_NAME, DsoGiGPOIndexAdvantageFn)
     register_into(EXPERIENCE_OPERATORS, OPERATOR_NAME, OrchestratorOperator)

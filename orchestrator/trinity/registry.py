@@ -23,6 +23,7 @@ INDEX_ADVANTAGE_NAME = "dso_gigpo_index"
 LOSS_CLASS_PATH = "orchestrator.trinity.loss.DsoClipHigherPolicyLossFn"
 GIGPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOAdvantageFn"
 INDEX_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn"
+GRPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGRPOAdvantageFn"
 
 
 class RegistryConflictError(KeyError):

@@ -69,7 +69,16 @@ class OrchestratorTaskSelector:
         return self.actor.next_tasks.remote(int(count)).future()
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
-        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator."""
+        """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.
+
+        The tasks were requested one step ahead (see the class docstring). At the end of data
+        (the actor's ``max_epochs`` or ``max_rollouts``) fewer indices may come back; when none
+        is left it raises ``StopIteration``, which ends Trinity's explorer cleanly (its file
+        reader turns it into ``StopAsyncIteration``).
+
+        Raises:
+            StopIteration: the orchestrator is exhausted; the message says so.
+        """
         if self._ahead is None:  # the first step (or a size change): ask now
             self._ahead = (batch_size, self._request(batch_size))
         count, future = self._ahead
@@ -77,6 +86,9 @@ class OrchestratorTaskSelector:
         if count < batch_size:
             ids += self._request(batch_size - count).result(timeout=self.settings.actor_timeout_s)
         ids, extra = ids[:batch_size], ids[batch_size:]
+        if not ids:  # next_tasks hands out nothing only at the end of data
+            self._ahead = None
+            raise StopIteration("exhausted: the orchestrator has no task left (max_epochs or max_rollouts reached)")
         self._ahead = (batch_size, self._request(batch_size - len(extra)))
         if extra:  # a smaller step than asked ahead: keep the rest for the next one
             rest = self._ahead[1]

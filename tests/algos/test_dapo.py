@@ -7,6 +7,7 @@ import torch
 from algos.dapo import (
     GroupReason,
     InvalidGroupError,
+    aggregate_loss,
     classify_groups,
     clip_higher_policy_loss,
     group_advantages,
@@ -153,3 +154,97 @@ def test_token_mean_weights_tokens_not_sequences():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     loss, _ = clip_higher_policy_loss(lp, lp, adv, mask)
     assert float(loss) == pytest.approx((-3 - 3) / 4)  # sequence-mean would give -2.0
+
+
+# ------------------------------------------------------------------ semantics: aggregation, validity, std conventions
+
+
+def test_classify_std_tol_zero_is_exact_equality():
+    # seven equal rewards of 0.35 have a float64 std of ~5.6e-17: still all equal under std_tol=0
+    assert np.std(np.full(7, 0.35)) > 0
+    _, reason = classify_groups(np.full((1, 7), 0.35), std_tol=0.0)
+    assert reason.tolist() == [R.ZERO_VARIANCE]
+
+
+def test_classify_std_tol_zero_keeps_one_ulp_difference():
+    row = [0.35] * 6 + [float(np.nextafter(0.35, 1.0))]
+    keep, reason = classify_groups(np.array([row]), std_tol=0.0)
+    assert reason.tolist() == [R.INFORMATIVE]
+
+
+def test_classify_valid_mask_judges_valid_members_only():
+    values = np.array([[1.0, np.nan, -1.0], [1.0, 1.0, np.nan], [1.0, np.nan, np.nan]])
+    valid = ~np.isnan(values)
+    _, reason = classify_groups(values, valid=valid)
+    assert reason.tolist() == [R.INFORMATIVE, R.ALL_CORRECT, R.SINGLETON]
+
+
+def test_group_advantages_population_std():
+    # [1, -1]: centred +-1; population std 1 (sample std would be sqrt 2)
+    adv = group_advantages(torch.tensor([1.0, -1.0]), torch.tensor([0, 0]), std="population", eps=1e-6)
+    assert adv.tolist() == pytest.approx([1 / (1 + 1e-6), -1 / (1 + 1e-6)], abs=1e-15)
+
+
+def test_group_advantages_sample_std_is_default():
+    adv = group_advantages(torch.tensor([1.0, -1.0]), torch.tensor([0, 0]), eps=1e-6)
+    assert adv.tolist() == pytest.approx([1 / (2**0.5 + 1e-6), -1 / (2**0.5 + 1e-6)], abs=1e-15)
+
+
+def test_group_advantages_masked_member_out_of_baseline():
+    # valid rewards [1, -1, 3]: mean 1, centred [0, -2, 2], sample std 2; the masked NaN gets 0
+    r = torch.tensor([1.0, float("nan"), -1.0, 3.0])
+    adv = group_advantages(r, torch.zeros(4, dtype=torch.int64), valid=torch.tensor([True, False, True, True]), eps=1e-6)
+    assert adv.tolist() == pytest.approx([0.0, 0.0, -2 / (2 + 1e-6), 2 / (2 + 1e-6)], abs=1e-15)
+
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 5.0, 0.0]], dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+
+
+def test_aggregate_token_mean():
+    # tokens: 1+2+3 + 4 + 5+5 = 20 over 6 tokens
+    assert float(aggregate_loss(LOSS, MASK, "token-mean")) == pytest.approx(20 / 6)
+
+
+def test_aggregate_seq_mean_token_mean():
+    # per-sequence means 2, 4, 5 -> 11 / 3
+    assert float(aggregate_loss(LOSS, MASK, "seq-mean-token-mean")) == pytest.approx(11 / 3)
+
+
+def test_aggregate_seq_mean_token_sum_norm():
+    # token sums 6, 4, 10 -> 20 / (3 sequences * L = 4)
+    assert float(aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=4)) == pytest.approx(20 / 12)
+
+
+def test_aggregate_sum_norm_needs_length():
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm")
+
+
+def test_aggregate_rejects_unknown_mode_listing_valid():
+    with pytest.raises(ValueError, match="seq-mean-token-mean"):
+        aggregate_loss(LOSS, MASK, "seq-mean")
+
+
+@pytest.mark.parametrize(
+    ("mode", "whole"),
+    [("token-mean", 20 / 6), ("seq-mean-token-mean", 11 / 3), ("seq-mean-token-sum-norm", 20 / 12)],
+)
+def test_aggregate_exact_across_uneven_micro_batches(mode, whole):
+    # micro-batches of 1 and 2 sequences, each given the whole batch's N = 6 tokens and B = 3
+    parts = [(LOSS[:1], MASK[:1]), (LOSS[1:], MASK[1:])]
+    total = sum(
+        float(aggregate_loss(lm, m, mode, global_tokens=6, global_seqs=3, norm_length=4)) for lm, m in parts
+    )
+    assert total == pytest.approx(whole, abs=1e-12)
+
+
+def test_clip_higher_loss_uses_aggregation_mode():
+    # ratio 1 everywhere, advantage 1: per-token loss -1; seq-mean-token-sum-norm with L=4:
+    # token sums -3 and -1 over (2 sequences * 4) = -0.5
+    lp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    loss, _ = clip_higher_policy_loss(
+        lp, lp, torch.ones(2, 3), mask, loss_agg_mode="seq-mean-token-sum-norm", norm_length=4
+    )
+    assert float(loss) == pytest.approx(-0.5)

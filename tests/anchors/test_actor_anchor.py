@@ -1,11 +1,13 @@
-"""The orchestrator actor owns the anchor index (issue 3): creation, spec, completion, stats,
-drop and expiry, on real Ray and real Redis.
+"""The orchestrator's anchor index: creation, spec, completion, stats, drop and expiry run by
+the orchestrator; workers reach Redis or the memory index's own Ray actor directly; on real Ray
+and real Redis.
 
 Batches use gamma = 0.5 and 0/1 rewards, so every return and shifted sum is a dyadic rational:
 float additions are exact in any order, and concurrent writers must give *bit-identical*
 advantages to a single in-process index. Against the two-pass pure function the index agrees
 to 1e-9 (a different, one-pass formula). Lifecycle tests use the actor body in process
-(``Orchestrator`` is usable without Ray); the concurrency tests run it as a Ray actor.
+(``Orchestrator`` is usable without Ray; its memory index is then in process too); the
+concurrency tests run it as a Ray actor, whose memory index is served by its own actor.
 """
 
 from __future__ import annotations
@@ -23,13 +25,9 @@ import ray
 from algos.gigpo import GiGPOConfig, gigpo_advantages
 from orchestrator.anchors.index import AnchorIndexError, AnchorStep
 from orchestrator.anchors.memory import MemoryAnchorIndex
-from orchestrator.anchors.owner import (
-    ActorAnchorIndex,
-    AnchorIndexNotConfiguredError,
-    anchor_index_from_spec,
-    orchestrator_anchor_index,
-)
+from orchestrator.anchors.owner import AnchorIndexNotConfiguredError, anchor_index_from_spec, orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
+from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import Orchestrator, get_or_create_orchestrator
 from orchestrator.service.metrics import DSOMetrics
@@ -86,9 +84,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @ray.remote(num_cpus=0)
-def insert_worker(spec: dict, actor, batch_key: str, steps: list, start_at: float) -> int:
-    """Open the index from the spec (Redis directly, memory through the actor) and insert in chunks."""
-    index = anchor_index_from_spec(spec, actor)
+def insert_worker(spec: dict, batch_key: str, steps: list, start_at: float) -> int:
+    """Open the index from the spec (Redis, or the memory index's actor) and insert in chunks."""
+    index = anchor_index_from_spec(spec)
     time.sleep(max(0.0, start_at - time.time()))  # both workers start together
     for lo in range(0, len(steps), 5):
         index.insert(batch_key, steps[lo : lo + 5])
@@ -97,8 +95,8 @@ def insert_worker(spec: dict, actor, batch_key: str, steps: list, start_at: floa
 
 
 @ray.remote(num_cpus=0)
-def query_worker(spec: dict, actor, batch_key: str, steps: list, n_runs: int) -> np.ndarray:
-    index = anchor_index_from_spec(spec, actor)
+def query_worker(spec: dict, batch_key: str, steps: list, n_runs: int) -> np.ndarray:
+    index = anchor_index_from_spec(spec)
     try:
         return query(index, batch_key, steps, n_runs=n_runs)
     finally:
@@ -110,9 +108,9 @@ def run_two_workers(actor, batch_key, steps, runs):
     spec = ray.get(actor.anchor_spec.remote())
     shards = [[s for s in steps if s.run % 2 == w] for w in range(2)]
     start = time.time() + 1.0
-    pids = ray.get([insert_worker.remote(spec, actor, batch_key, shard, start) for shard in shards])
+    pids = ray.get([insert_worker.remote(spec, batch_key, shard, start) for shard in shards])
     by_task = [[i for i, s in enumerate(steps) if int(s.task.split("-")[1]) % 2 == w] for w in range(2)]
-    parts = ray.get([query_worker.remote(spec, actor, batch_key, [steps[i] for i in rows], runs) for rows in by_task])
+    parts = ray.get([query_worker.remote(spec, batch_key, [steps[i] for i in rows], runs) for rows in by_task])
     adv = np.full(len(steps), np.nan)
     for rows, part in zip(by_task, parts):
         adv[rows] = part
@@ -131,7 +129,9 @@ def test_memory_index_is_created_from_an_empty_config():
 def test_redis_spec_names_url_prefix_and_ttl(redis_url, redis_namespace):
     o = orch({"redis_url": redis_url, "prefix": redis_namespace, "ttl_s": 60})
     spec = o.anchor_spec()
+    guard = spec.pop("guard")
     assert spec == {"backend": "redis", "redis_url": redis_url, "prefix": redis_namespace, "ttl_s": 60.0}
+    assert len(guard) == 32 and int(guard, 16) >= 0  # the run's guard key value (a uuid4 hex)
     idx = anchor_index_from_spec(spec)
     assert isinstance(idx, RedisAnchorIndex) and idx.prefix == redis_namespace
 
@@ -153,22 +153,22 @@ def test_memory_spec_without_the_actor_is_refused():
         anchor_index_from_spec({"backend": "memory", "ttl_s": 1.0})
 
 
-# --------------------------------------------------------------------------- served queries (memory)
+# --------------------------------------------------------------------------- queries (memory)
 
 
-def test_memory_queries_served_by_the_actor_equal_the_pure_function():
+def test_memory_queries_of_the_orchestrators_index_equal_the_pure_function():
     steps, out = make_batch(seed=1)
     o = orch({})
-    assert o.anchor_insert("b", steps) == len(steps)
-    adv = o.anchor_step_advantages("b", [s.task for s in steps], [s.state_hash for s in steps], [s.ret for s in steps], n_runs=4)
+    assert o.anchor.insert("b", steps) == len(steps)
+    adv = o.anchor.step_advantages("b", [s.task for s in steps], [s.state_hash for s in steps], [s.ret for s in steps], n_runs=4)
     np.testing.assert_allclose(adv, out.step, rtol=0, atol=1e-9)
 
 
 def test_insert_accepts_field_dicts_and_duplicates_are_no_ops():
     steps, _ = make_batch(tasks=1, runs=2, seed=2)
     o = orch({})
-    o.anchor_insert("b", [s.__dict__ for s in steps])
-    assert o.anchor_insert("b", steps) == 0
+    o.anchor.insert("b", [s.__dict__ for s in steps])
+    assert o.anchor.insert("b", steps) == 0
     assert o.anchor_stats()["entries"] == len(steps)
 
 
@@ -180,12 +180,12 @@ def test_task_completes_only_when_every_run_has_its_last_step():
     s = [AnchorStep("task-0", 0, 0, "a", 0.5), AnchorStep("task-0", 0, 1, "b", 1.0, last=True),
          AnchorStep("task-0", 1, 0, "a", 0.0), AnchorStep("task-0", 1, 2, "c", 0.0, last=True)]
     o = orch({})
-    o.anchor_insert("b", s)
-    assert o.anchor_completed_runs("b") == {"task-0": 1}  # run 1 misses step 1
-    assert not o.anchor_completed("b", "task-0", 2)
-    o.anchor_insert("b", [AnchorStep("task-0", 1, 1, "b", 0.0)])
-    assert o.anchor_completed("b", "task-0", 2)
-    assert not o.anchor_completed("b", "task-0", 3)
+    o.anchor.insert("b", s)
+    assert o.anchor.completed_runs("b") == {"task-0": 1}  # run 1 misses step 1
+    assert not o.anchor.is_complete("b", "task-0", 2)
+    o.anchor.insert("b", [AnchorStep("task-0", 1, 1, "b", 0.0)])
+    assert o.anchor.is_complete("b", "task-0", 2)
+    assert not o.anchor.is_complete("b", "task-0", 3)
 
 
 # --------------------------------------------------------------------------- stats, drop, metrics
@@ -197,7 +197,8 @@ def test_stats_count_steps_groups_and_feed_the_entries_gauge():
          AnchorStep("task-0", 1, 1, "b", 0.0, last=True), AnchorStep("task-1", 0, 0, "a", 1.0, last=True)]
     metrics = DSOMetrics()
     o = orch({}, metrics=metrics)
-    o.anchor_insert("b", s)
+    o.anchor_register("b")
+    o.anchor.insert("b", s)
     st = o.anchor_stats()
     assert (st["batches"], st["entries"], st["groups"], st["group_size_histogram"]) == (1, 4, 3, {1: 2, 2: 1})
     assert st["tracked_batches"] == {"b": 0}
@@ -209,11 +210,12 @@ def test_drop_forgets_the_batch_and_records_its_group_sizes():
          AnchorStep("task-0", 1, 1, "b", 0.0, last=True)]
     metrics = DSOMetrics()
     o = orch({}, metrics=metrics)
-    o.anchor_insert("b", s)
+    o.anchor_register("b")
+    o.anchor.insert("b", s)
     assert o.anchor_drop("b") == 3
     assert o.anchor_stats()["batches"] == 0 and o.anchor_stats()["tracked_batches"] == {}
     with pytest.raises(AnchorIndexError, match="unknown"):
-        o.anchor_step_advantages("b", ["task-0"], ["a"], [1.0])
+        o.anchor.step_advantages("b", ["task-0"], ["a"], [1.0])
     text = metrics.exposition()
     assert metric_value(text, "dso_anchor_group_size_count") == 2  # groups a (size 2), b (size 1)
     assert metric_value(text, "dso_anchor_group_size_sum") == 3
@@ -222,7 +224,7 @@ def test_drop_forgets_the_batch_and_records_its_group_sizes():
 def test_redis_operations_of_the_actor_are_timed_by_op(redis_url, redis_namespace):
     metrics = DSOMetrics()
     o = orch({"redis_url": redis_url, "prefix": redis_namespace}, metrics=metrics)
-    o.anchor_insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     o.anchor_stats()
     o.anchor_drop("b")
     text = metrics.exposition()
@@ -236,9 +238,11 @@ def test_redis_operations_of_the_actor_are_timed_by_op(redis_url, redis_namespac
 
 def test_batches_older_than_max_age_versions_are_dropped_when_the_version_advances():
     o = orch({"max_age_versions": 1})
-    o.anchor_insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])  # opened at version 0
+    o.anchor_register("v0")  # opened at version 0
+    o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     o.set_model_version(1)
-    o.anchor_insert("v1", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchor_register("v1")
+    o.anchor.insert("v1", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     assert sorted(o.anchor_stats()["tracked_batches"]) == ["v0", "v1"]  # 0 >= 1 - 1: kept
     o.set_model_version(2)
     st = o.anchor_stats()
@@ -247,7 +251,8 @@ def test_batches_older_than_max_age_versions_are_dropped_when_the_version_advanc
 
 def test_without_max_age_versions_only_the_ttl_expires_batches():
     o = orch({})
-    o.anchor_insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchor_register("v0")
+    o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     o.set_model_version(50)
     assert o.anchor_expire() == [] and o.anchor_stats()["batches"] == 1
     assert o.anchor_expire(max_age_versions=10) == ["v0"]
@@ -269,7 +274,8 @@ def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_
     cfg = {"redis_url": redis_url, "prefix": redis_namespace, "max_age_versions": 0}
     path = str(tmp_path / "state.json")
     first = orch(cfg, checkpoint_path=path)
-    first.anchor_insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    first.anchor_register("b")
+    first.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     second = orch(cfg, checkpoint_path=path)
     assert second.anchor_stats()["tracked_batches"] == {"b": 0}
     second.set_model_version(1)
@@ -283,8 +289,8 @@ def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_
 def make_actor(ray_local):
     handles = []
 
-    def make(anchor_index):
-        name = f"dso-anchor-{uuid.uuid4().hex[:8]}"
+    def make(anchor_index, name=None):
+        name = name or f"dso-anchor-{uuid.uuid4().hex[:8]}"
         h = get_or_create_orchestrator(POLICY, ScriptedTasks(TASKS), anchor_index=anchor_index, name=name)
         handles.append(h)
         return h
@@ -297,15 +303,24 @@ def make_actor(ray_local):
 def test_two_ray_workers_on_the_actors_memory_index_get_the_pure_advantages(make_actor):
     steps, out = make_batch(tasks=4, runs=4, seed=3)
     actor = make_actor({})
-    assert isinstance(orchestrator_anchor_index(actor), ActorAnchorIndex)
+    index = orchestrator_anchor_index(actor)
+    assert isinstance(index, RemoteAnchorIndex)
     pids, adv = run_two_workers(actor, "b", steps, runs=4)
     assert len(set(pids)) == 2
     np.testing.assert_array_equal(adv, single_process("b", steps))
     np.testing.assert_allclose(adv, out.step, rtol=0, atol=1e-9)
-    assert ray.get(actor.anchor_completed_runs.remote("b")) == {f"task-{t}": 4 for t in range(4)}
+    assert index.completed_runs("b") == {f"task-{t}": 4 for t in range(4)}
 
 
-def test_group_sizes_of_the_actors_memory_index_come_through_the_actor(make_actor):
+def test_the_memory_index_is_served_by_its_own_named_actor(make_actor):
+    name = f"dso-anchor-{uuid.uuid4().hex[:8]}"
+    spec = ray.get(make_actor({}, name=name).anchor_spec.remote())
+    assert spec == {"backend": "memory", "ttl_s": 6 * 3600.0, "actor": f"{name}-anchors", "namespace": "trinity-dso"}
+    served = ray.get_actor(f"{name}-anchors", namespace="trinity-dso")
+    assert ray.get(served.stats.remote())["backend"] == "memory"
+
+
+def test_group_sizes_of_the_actors_memory_index_come_from_its_actor(make_actor):
     # states a (runs 0, 1) and b (run 1) of task-0: sizes 1, 2
     index = orchestrator_anchor_index(make_actor({}))
     index.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True), AnchorStep("task-0", 1, 0, "a", 0.0),

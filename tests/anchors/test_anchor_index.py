@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from algos.gigpo import GiGPOConfig, anchor_group_ids, gigpo_advantages, step_advantages
-from orchestrator.anchors.index import AnchorConflictError, AnchorIndexError, AnchorStep, make_anchor_index
+from orchestrator.anchors.index import AnchorConflictError, AnchorIndexError, AnchorStep
 from orchestrator.anchors.memory import MemoryAnchorIndex
+from orchestrator.anchors.owner import make_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 
 

@@ -5,7 +5,6 @@ service with a real Prometheus server when the ``prometheus`` binary is installe
 """
 
 import json
-import math
 import pickle
 import re
 import shutil
@@ -80,7 +79,7 @@ def test_every_series_exists_at_zero_before_any_event():
     for op in M.REDIS_OPS:
         assert value(s, "dso_redis_op_errors_total", op=op) == 0
         assert value(s, "dso_redis_op_duration_seconds_count", op=op) == 0
-    assert value(s, "dso_batch_fill_seconds_count") == 0 and math.isnan(value(s, "dso_keep_ratio"))
+    assert value(s, "dso_batch_fill_seconds_count") == 0 and ("dso_keep_ratio", frozenset()) not in s
 
 
 def test_names_follow_prometheus_rules():
@@ -92,7 +91,7 @@ def test_names_follow_prometheus_rules():
             if fam.type == "counter":
                 assert s.name.endswith(("_total", "_created")), s.name
         if fam.type == "histogram":
-            assert fam.name.endswith(("_seconds", "_rounds", "_size")), fam.name
+            assert fam.name.endswith(("_seconds", "_rounds", "_size", "_versions")), fam.name
     assert "dso_resampling_policy_revision" in text and "dso_model_version" in text
 
 
@@ -118,6 +117,48 @@ def test_counters_follow_the_state_machine_exactly():
     assert value(s, "dso_batch_replenish_rounds_bucket", le="1.0") == 1
     assert value(s, "dso_keep_ratio") == 0.5
     assert value(s, "dso_reward_mean", groups="all") == -0.5 and value(s, "dso_reward_mean", groups="kept") == 0.0
+
+
+def test_undefined_gauges_are_absent_not_nan():
+    # one all-wrong group: all = -1, nothing kept, nothing trained -> kept / trained series absent;
+    # coverage is defined (0 of 2 rollouts trained), the last batch's is not (no batch yet)
+    core = OrchestratorCore(ResamplingPolicy(target_groups=1, group_size=2), ["t0"])
+    m = DSOMetrics()
+    core.submit(ScriptedRolloutSource({"t0": [WRONG]}).generate([ScriptedTasks(["t0"]).get("t0")], 2))
+    m.update(core.stats(), core.policy)
+    s = samples(m.exposition())
+    assert value(s, "dso_reward_mean", groups="all") == -1.0
+    for groups in ("kept", "trained"):
+        assert ("dso_reward_mean", frozenset({("groups", groups)})) not in s
+    assert value(s, "dso_coverage") == 0.0 and ("dso_batch_coverage", frozenset()) not in s
+    assert "# TYPE dso_batch_reward_mean gauge" in m.exposition()
+
+
+def test_trained_reward_coverage_and_per_batch_gauges():
+    # round 0: t0, t1 all wrong; round 1: both mixed -> batch of 2 groups (4 trained rollouts, reward 0)
+    # cumulative coverage 4 / 8; last batch: all = (-4 + 0) / 8, kept 0, trained 0, coverage 4 / 8
+    tasks = ScriptedTasks(["t0", "t1"])
+    source = ScriptedRolloutSource({"t0": [WRONG, MIXED], "t1": [WRONG, MIXED]})
+    core = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=2, min_keep_rate=1.0), tasks.task_ids)
+    m = DSOMetrics()
+    run_core_batch(core, source, tasks, m)
+    s = samples(m.exposition())
+    assert value(s, "dso_reward_mean", groups="trained") == 0.0 and value(s, "dso_coverage") == 0.5
+    assert value(s, "dso_batch_reward_mean", groups="all") == -0.5
+    assert value(s, "dso_batch_reward_mean", groups="kept") == 0.0 and value(s, "dso_batch_coverage") == 0.5
+
+
+def test_staleness_lag_histogram_counts_trained_rollouts():
+    # two rollouts of model version 1 in a batch assembled at version 3: lag 2 each
+    core = OrchestratorCore(ResamplingPolicy(target_groups=1, group_size=2), ["t0"])
+    groups = ScriptedRolloutSource({"t0": [MIXED]}).generate([ScriptedTasks(["t0"]).get("t0")], 2, model_version=1)
+    core.submit(groups)
+    core.set_model_version(3)
+    m = DSOMetrics()
+    m.observe_batch(core.try_emit())
+    s = samples(m.exposition())
+    assert value(s, "dso_rollout_staleness_lag_versions_bucket", le="1.0") == 0
+    assert value(s, "dso_rollout_staleness_lag_versions_bucket", le="2.0") == 2
 
 
 def test_a_snapshot_going_backwards_never_decreases_a_counter():
@@ -236,6 +277,10 @@ def dashboard_exprs() -> list[str]:
 def test_every_metric_in_the_dashboard_exists_in_a_live_scrape(live):
     handle, client = live
     ray.get(handle.next_batch.remote())
+    # the training row's gauges are absent until a trainer reports (orchestrator/train)
+    ray.get(handle.report_training.remote(1, {"entropy": 0.5, "kl_ref": 0.0, "reward_mean": 0.0, "reward_std_group": 1.0,
+                                              "heldout_acc": 0.5, "model_version": 1, "pg_clipfrac": 0.0,
+                                              "pg_clipfrac_lower": 0.0, "pg_clipfrac_dual": 0.0, "sync_seconds": 0.01}))
     names = {name for name, _ in scrape(client)}
     exprs = dashboard_exprs()
     used = {m for e in exprs for m in re.findall(r"\bdso_[a-z0-9_]+", e)}

@@ -27,6 +27,7 @@ from trinity.common.experience import EID
 from trinity.common.experience import Experience as TExp
 
 from orchestrator.anchors.index import AnchorIndexError
+from orchestrator.anchors.memory import MemoryAnchorIndex
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn
@@ -144,7 +145,34 @@ def test_process_sets_the_same_token_advantages_as_dso_gigpo(actor_with):
     ours, metrics = asyncio.run(fn.process(copy.deepcopy(exps)))
     for a, b in zip(theirs, ours):
         assert torch.allclose(a.advantages, b.advantages, atol=1e-6, rtol=0) and torch.equal(b.returns, b.advantages)
-    assert metrics["dso_gigpo_index/max_abs_diff_local"] <= 1e-9
+    assert metrics["dso_gigpo/mean_abs_A_E"] > 0
+
+
+class CountingIndex(MemoryAnchorIndex):
+    """A real memory index that counts the completeness polls."""
+
+    polls = 0
+
+    def completed_runs(self, batch_key):
+        self.polls += 1
+        return super().completed_runs(batch_key)
+
+
+def test_whole_groups_are_queried_without_waiting():
+    exps = make_batch(seed=8)  # 3 tasks x 4 runs, all in this call
+    fn = DsoGiGPOIndexAdvantageFn(**ARGS, group_size=4, wait_timeout_s=0.0)
+    fn._index = index = CountingIndex()
+    np.testing.assert_allclose(fn.compute(exps)["advantages"], pure(exps), rtol=0, atol=1e-9)
+    assert index.polls == 0
+
+
+def test_a_split_group_is_waited_for():
+    exps = make_batch(seed=8)
+    fn = DsoGiGPOIndexAdvantageFn(**ARGS, group_size=4, wait_timeout_s=0.2)
+    fn._index = index = CountingIndex()
+    with pytest.raises(AnchorIndexError, match="fewer than 4 complete"):
+        fn.compute([e for e in exps if e.eid.run < 2])
+    assert index.polls >= 2
 
 
 def test_tasks_sharing_a_state_text_stay_apart(actor_with):

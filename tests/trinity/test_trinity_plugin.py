@@ -30,7 +30,7 @@ from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.tasks.taskset import IndexTaskSet
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.attach import OrchestratorNotFoundError
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
@@ -98,6 +98,7 @@ def test_default_configs_match_the_papers():
     assert dapo["policy_loss_fn_args"]["clip_range_low"] == 0.2
     assert dapo["policy_loss_fn_args"]["clip_range_high"] == 0.28
     assert dapo["kl_loss_fn"] == "none" and dapo["repeat_times"] == 16
+    assert ADVANTAGE_FN.get(dapo["advantage_fn"]) is DsoGRPOAdvantageFn
     gigpo = DsoGiGPOAlgorithm.default_config()
     assert ADVANTAGE_FN.get(gigpo["advantage_fn"]) is DsoGiGPOAdvantageFn
     assert {k: gigpo["advantage_fn_args"][k] for k in ("omega", "gamma", "fnorm")} == {"omega": 1.0, "gamma": 0.95, "fnorm": "std"}
@@ -156,9 +157,9 @@ def test_dual_clip_bounds_negative_advantages():
     assert m["pg_clipfrac_lower"] == pytest.approx(0.5)
 
 
-def test_loss_refuses_other_aggregation():
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        _loss(loss_agg_mode="seq-mean-token-mean")
+def test_loss_refuses_unknown_aggregation_listing_the_valid_ones():
+    with pytest.raises(ValueError, match="loss_agg_mode.*seq-mean-token-sum-norm"):
+        _loss(loss_agg_mode="seq-mean")
 
 
 # ------------------------------------------------------------------------- GiGPO advantage

@@ -1,0 +1,113 @@
+"""Benchmark: orchestrator actor ingest through Ray, checkpointing on.
+
+Callers send ``submit_groups`` calls of ``--call-groups`` groups of ``--n`` rollouts (rewards
++-1, about half the groups informative) and drain ``pop_batch``; the actor checkpoints after
+every call (``checkpoint_path`` set). Reported: groups per second from one caller and from
+``--callers`` concurrent callers (threads of this driver, each its own sequence of calls),
+against the same core in this process without Ray or checkpoint (the reference, ratio 1).
+Targets: 20k groups/s from one caller, 50k from 16.
+
+Other processes on the machine inflate the seconds; the ratios are measured side by side.
+
+    python bench/bench_actor.py [--calls 20] [--callers 16] [--call-groups 256] [--n 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np
+import ray
+
+from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.service.actor import get_or_create_orchestrator
+from orchestrator.tasks.taskset import IndexTaskSet
+
+
+def make_calls(calls: int, call_groups: int, n: int, num_tasks: int, seed: int) -> list[list[Group]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in range(calls):
+        tasks = rng.integers(0, num_tasks, size=call_groups)
+        p = rng.choice([0.0, 0.5, 1.0], size=call_groups)
+        rewards = np.where(rng.random((call_groups, n)) < p[:, None], 1.0, -1.0)
+        out.append([
+            Group(str(t), [Experience(ExperienceId(str(t), r, round_tag=str(c)), reward=float(x)) for r, x in enumerate(row)])
+            for t, row in zip(tasks.tolist(), rewards)
+        ])
+    return out
+
+
+def in_process(policy: dict, num_tasks: int, calls: list[list[Group]]) -> float:
+    core = OrchestratorCore(ResamplingPolicy.parse(policy), [str(i) for i in range(num_tasks)])
+    t0 = time.perf_counter()
+    for groups in calls:
+        core.submit(groups)
+        while core.try_emit() is not None:
+            pass
+    return time.perf_counter() - t0
+
+
+def through_ray(policy: dict, num_tasks: int, per_caller: list[list[list[Group]]], ckpt_dir: str) -> float:
+    name = f"dso-ingest-{uuid.uuid4().hex[:8]}"
+    actor = get_or_create_orchestrator(
+        policy, IndexTaskSet.of_size(num_tasks), name=name, namespace="trinity-dso",
+        checkpoint_path=os.path.join(ckpt_dir, f"{name}.db"),
+    )
+    ray.get(actor.ping.remote())
+
+    def caller(calls):
+        for groups in calls:
+            ray.get(actor.submit_groups.remote(groups))
+            while ray.get(actor.pop_batch.remote()) is not None:
+                pass
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(per_caller)) as pool:
+            list(pool.map(caller, per_caller))
+        return time.perf_counter() - t0
+    finally:
+        ray.kill(actor)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=16, help="calls per measurement (split over the callers)")
+    ap.add_argument("--callers", type=int, default=16)
+    ap.add_argument("--call-groups", type=int, default=256)
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--tasks", type=int, default=8192)
+    args = ap.parse_args()
+    policy = {"group_size": args.n, "target_groups": 256}
+    calls = make_calls(args.calls, args.call_groups, args.n, args.tasks, seed=0)
+    total = args.calls * args.call_groups
+    ray.init(namespace="trinity-dso", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    t_core = min(in_process(policy, args.tasks, calls) for _ in range(2))
+    with tempfile.TemporaryDirectory() as ckpt:
+        t_one = through_ray(policy, args.tasks, [calls], ckpt)
+        split = [calls[i :: args.callers] for i in range(args.callers)]
+        t_many = through_ray(policy, args.tasks, split, ckpt)
+    print(f"Actor ingest: {args.calls} calls of {args.call_groups} groups x {args.n} ({total} groups), checkpoint on")
+    print(f"  {'variant':<40}{'groups/s':>12}{'vs core':>10}{'target':>10}")
+    for name, t, target in [
+        ("core in process (reference)", t_core, None),
+        ("actor via Ray, 1 caller", t_one, 20_000),
+        (f"actor via Ray, {args.callers} callers", t_many, 50_000),
+    ]:
+        rate = total / t
+        mark = "" if target is None else f"{target:>9,}{'  ok' if rate >= target else '  MISSED'}"
+        print(f"  {name:<40}{rate:>12,.0f}{t_core / t:>9.2f}x {mark}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The training commands of the ``trinity-dso`` CLI: ``train`` (the main job, ``make demo``)
+and ``ablate-dapo``. Registered on the typer app by :func:`register`; the logic lives in
+:mod:`orchestrator.jobs.dapo_train` and :mod:`orchestrator.jobs.ablation`."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console()
+
+
+def _f(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def progress_line(row: dict) -> str:
+    """One line per step: step, rollouts, keep rate, reward, held-out accuracy, model version."""
+    acc = row.get("heldout_acc")
+    return (f"step {row['step']:3d} | rollouts {row['rollouts']:6d} | keep {_f(row['keep_rate'], 2)} | "
+            f"reward {_f(row['reward_mean'], 2)} | entropy {_f(row['entropy'], 3)} | "
+            f"clip {_f(row['pg_clipfrac'], 3)}/{_f(row['pg_clipfrac_lower'], 3)} | kl {_f(row['kl_ref'], 4)} | "
+            f"v{row['model_version']}" + (f" | held-out acc {acc:.3f}" if acc is not None else ""))
+
+
+def train_table(summary: dict) -> Table:
+    """The final table of a training run (the same numbers as train.json)."""
+    t = Table(title=f"trinity-dso DAPO training run ({summary['wall_seconds']} s)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    last = summary["steps"][-1] if summary["steps"] else {}
+    rows = [
+        ("held-out accuracy, warm-started policy", summary["start_heldout_acc"]),
+        ("held-out accuracy, end", summary["end_heldout_acc"]),
+        ("held-out accuracy gain (points)", 100 * (summary["end_heldout_acc"] - summary["start_heldout_acc"])),
+        ("train batches (rollout steps)", summary["steps_done"]),
+        ("rollouts generated", summary["rollouts"]),
+        ("groups trained on", summary["groups_trained"]),
+        ("rollouts per emitted group", summary["rollouts_per_emitted_group"]),
+        ("model version at end", last.get("model_version")),
+        ("weight syncs", summary["sync"]["count"]),
+        ("sync seconds, mean (max)", f"{_f(summary['sync']['mean_seconds'], 4)} ({_f(summary['sync']['max_seconds'], 4)})"),
+        ("max |engine - trainer| log-prob after syncs", summary["sync"]["max_abs_diff"]),
+        ("entropy at end (nats/token)", last.get("entropy")),
+        ("KL to initial policy at end", last.get("kl_ref")),
+    ]
+    stats = summary.get("stats") or {}
+    for reason, v in (stats.get("dropped_by_reason") or {}).items():
+        if v:
+            rows.append((f"groups dropped: {reason}", v))
+    for name, value in rows:
+        t.add_row(name, _f(value) if not isinstance(value, str) else value)
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` and ``ablate-dapo`` to ``app``."""
+
+    @app.command()
+    def train(
+        seed: int | None = typer.Option(None, help="Seeds tasks, warm start, sampling and training (default 0)."),
+        budget: int | None = typer.Option(None, min=1, help="Rollouts to generate (default: the config's)."),
+        config: Path | None = typer.Option(None, exists=True, dir_okay=False,
+                                           help="YAML with orchestrator.jobs.dapo_train.DapoTrainConfig fields."),
+        out: Path | None = typer.Option(None, help="Output directory (train.json, curves.png, sampling.png)."),
+    ) -> None:
+        """The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval)."""
+        from orchestrator.cli.service import load_yaml_model
+        from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
+
+        cfg = load_yaml_model(config, DapoTrainConfig, {"out_dir": out, "rollout_budget": budget, "seed": seed})
+        t0 = time.perf_counter()
+        with console.status("starting") as status:
+
+            def say(msg: str) -> None:
+                status.update(escape(msg))
+                console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(msg)}", soft_wrap=True)
+
+            def on_step(row: dict) -> None:
+                line = progress_line(row)
+                status.update(escape(line))
+                if "heldout_acc" in row:
+                    console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(line)}", soft_wrap=True)
+
+            summary = run_dapo_training(cfg, progress=on_step, log=say)
+        console.print(train_table(summary))
+        console.print(f"written: {cfg.out_dir / 'train.json'}, " + ", ".join(summary["plots"]))
+
+    @app.command("ablate-dapo")
+    def ablate_dapo(
+        seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
+        budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the ablation's)."),
+        out: Path = typer.Option(Path("runs/ablation"), help="Output directory (ablation.md, ablation.png, runs)."),
+        arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
+    ) -> None:
+        """Full DAPO vs each technique switched off alone vs plain GRPO, same rollout budget."""
+        from orchestrator.jobs.ablation import ARMS, run_ablation
+
+        chosen = list(ARMS) if not arms else [a.strip() for a in arms.split(",")]
+        unknown = [a for a in chosen if a not in ARMS]
+        if unknown:
+            raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(ARMS)}", param_hint="--arms")
+
+        def say(msg: str) -> None:
+            console.print(escape(msg), soft_wrap=True)
+
+        result = run_ablation(out, seeds=seeds, budget=budget, arms=chosen, log=say)
+        console.print(result["markdown"])
+        console.print(f"written: {out / 'ablation.md'}, {out / 'ablation.png'}")

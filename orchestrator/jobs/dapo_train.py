@@ -1,0 +1,241 @@
+"""The main job: a DAPO training run that learns on two CPU cores.
+
+Parts, all real: the orchestrator actor (dynamic sampling, replenish rounds, carry-over,
+staleness), a vLLM engine actor (:class:`orchestrator.train.sync.TrainableEngine`) serving the
+tiny Llama of :mod:`orchestrator.train.tiny`, the CPU trainer
+(:class:`orchestrator.train.trainer.PolicyTrainer`), a verified weight sync after every
+``sync_every`` batches (model version + 1 in the orchestrator), and held-out evaluation
+every ``eval_every`` batches (avg@k accuracy at temperature 1, as DAPO's avg@32 on AIME).
+
+``dynamic_sampling=False`` is the GRPO baseline's data path: every rolled-out group goes into
+the batch (zero-variance groups included, contributing zero advantage); the orchestrator then
+only orders the tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from pydantic import BaseModel, ConfigDict, Field
+
+from algos.dapo import GroupReason, classify_groups
+from orchestrator.core.policy import FilterConfig, ResamplingPolicy
+from orchestrator.core.types import Batch
+from orchestrator.train.trainer import TrainerConfig
+
+
+def _train_policy() -> ResamplingPolicy:
+    # Judge accuracy: the overlong penalty must not make a constant-accuracy group informative.
+    return ResamplingPolicy(target_groups=8, group_size=8, max_replenish_rounds=4, max_staleness=1,
+                            filter=FilterConfig(judge="accuracy"))
+
+
+class DapoTrainConfig(BaseModel):
+    """Embedded defaults of ``trinity-dso demo`` (sized for about 10 minutes on 2 idle CPU cores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    out_dir: Path = Path("runs/train")
+    # task and policy
+    task: str = Field("max", description="'max' (a,b -> max(a, b)) or 'add' (a+b -> a + b); see orchestrator.train.tiny.")
+    digits: int = Field(2, ge=1, le=4, description="Digits of each operand.")
+    train_size: int = Field(2000, ge=8, description="Training tasks.")
+    heldout_size: int = Field(200, ge=8, description="Held-out tasks, disjoint from the training ones.")
+    hidden: int = Field(128, ge=64, description="Hidden size of the tiny Llama (multiple of 64).")
+    layers: int = Field(2, ge=1, description="Layers of the tiny Llama.")
+    warm_steps: int = Field(50, ge=0, description="Supervised warm-start steps (batch 128) before RL.")
+    # sampling
+    policy: ResamplingPolicy = Field(default_factory=_train_policy)
+    dynamic_sampling: bool = Field(True, description="DAPO's filter (Eq. 11); False: every group trains (GRPO).")
+    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(5, ge=1, description="Response budget in tokens, EOS included (L_max of Eq. 13).")
+    overlong: bool = Field(True, description="DAPO's soft overlong punishment (Eq. 13).")
+    overlong_cache: int = Field(2, ge=1, description="L_cache of Eq. 13, tokens.")
+    # training
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    rollout_budget: int = Field(12_000, ge=1, description="Stop once this many rollouts were generated (eval excluded).")
+    max_steps: int = Field(10_000, ge=1, description="Upper bound on train batches.")
+    sync_every: int = Field(1, ge=1, description="Weight sync (and model version + 1) after every this many batches.")
+    eval_every: int = Field(5, ge=1, description="Held-out evaluation every this many batches.")
+    eval_samples: int = Field(4, ge=1, description="k of avg@k on the held-out tasks.")
+    sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
+
+
+def _policy_dir(cfg: DapoTrainConfig) -> Path:
+    import os
+
+    root = os.environ.get("TRINITY_DSO_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
+    return base / f"tiny-{cfg.task}{cfg.digits}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+
+
+def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, float]:
+    groups = source.generate(tasks, k, model_version=version, round_tag=tag)
+    acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
+    lengths = np.array([[r.metrics["response_length"] for r in g.rollouts] for g in groups])
+    truncated = np.array([[r.info["finish_reason"] == "length" for r in g.rollouts] for g in groups])
+    return {"heldout_acc": float(acc.mean()), "heldout_pass_any": float(acc.max(axis=1).mean()),
+            "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
+
+
+def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | None = None,
+                      log: Callable[[str], None] | None = None) -> dict:
+    """Run one training job; return its summary (also written to ``out_dir/train.json``, plots beside it).
+
+    Args:
+        cfg: the configuration.
+        progress: called with each step's row (the keys of ``summary["steps"][i]``).
+        log: called with start-up messages.
+    Returns:
+        ``{"config", "wall_seconds", "start_heldout_acc", "end_heldout_acc", "steps": [...],
+        "evals": [...], "stats", "sync": {...}, "rollouts_per_emitted_group"}``.
+    Raises:
+        orchestrator.train.sync.WeightSyncError, orchestrator.train.trainer.TrainStepError.
+    """
+    from orchestrator.rollout.engine import VLLMRolloutSource
+    from orchestrator.rollout.source import OverlongConfig, SamplingConfig
+    from orchestrator.service.actor import OrchestratorActor
+    from orchestrator.service.metrics import DSOMetrics
+    from orchestrator.train.sync import TrainableEngineActor, WeightSync
+    from orchestrator.train.tiny import addition_tasks, ensure_policy
+    from orchestrator.train.trainer import PolicyTrainer
+
+    say = log or (lambda msg: None)
+    started = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
+
+    train, held = addition_tasks(digits=cfg.digits, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
+                                 op=cfg.task)
+    say(f"warm start ({cfg.warm_steps} supervised steps, cached)")
+    model_dir = ensure_policy(_policy_dir(cfg), train, seed=cfg.seed, warm_steps=cfg.warm_steps, hidden=cfg.hidden,
+                              layers=cfg.layers)
+    say("starting the vLLM engine")
+    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=cfg.seed,
+                                         enable_prefix_caching=False)
+    ray.get(engine.ready.remote(), timeout=600)
+    overlong = OverlongConfig(max_response_length=cfg.max_tokens, cache_length=cfg.overlong_cache) if cfg.overlong else None
+    sampling = SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, overlong=overlong)
+    source = VLLMRolloutSource(engine, train, sampling)
+    held_source = VLLMRolloutSource(engine, held, SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                                                 seed=cfg.seed + 1))
+    held_tasks = list(held)
+    actor = OrchestratorActor.options(name=f"dso-train-{uuid.uuid4().hex[:8]}").remote(
+        cfg.policy, train, source, seed=cfg.seed, metrics=DSOMetrics())
+    trainer = PolicyTrainer(model_dir, cfg.trainer)
+
+    first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0")
+    probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]
+    sync = WeightSync(engine, actor, probes, tol=cfg.sync_tol)
+    start_diff = sync.check(trainer, 0)
+    say(f"engine and trainer agree at start: max |d logprob| = {start_diff:.2e}")
+    evals = [{"step": 0, "rollouts": 0, "model_version": 0, **first}]
+    steps: list[dict] = []
+    prev = ray.get(actor.get_stats.remote()).model_dump()
+    local = {"rollouts": 0, "groups": 0, "kept": 0}
+    version = 0
+    step = 0
+    while step < cfg.max_steps:
+        t0 = time.monotonic()
+        if cfg.dynamic_sampling:
+            batch: Batch = ray.get(actor.next_batch.remote())
+        else:
+            task_ids = ray.get(actor.select_tasks.remote(cfg.policy.target_groups))
+            groups = source.generate([train.get(t) for t in task_ids], cfg.policy.group_size, model_version=version,
+                                     round_tag=f"b{step}r0")
+            acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
+            keep, reasons = classify_groups(acc)
+            for g, code in zip(groups, reasons):
+                g.reason = GroupReason(int(code)).label
+            batch = Batch(step, groups, model_version=version)
+        rollout_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        metrics = trainer.train_batch(batch)
+        train_s = time.monotonic() - t1
+        step += 1
+        sync_row: dict[str, float] = {}
+        if step % cfg.sync_every == 0:
+            sync_row = sync.sync(trainer, step)
+            version = sync.version
+        stats = ray.get(actor.get_stats.remote()).model_dump()
+        if cfg.dynamic_sampling:
+            rollouts = stats["rollouts_total"]
+            classified = stats["groups_submitted"] - prev["groups_submitted"]
+            kept = stats["groups_kept_classified"] - prev["groups_kept_classified"]
+            dropped = {r: stats["dropped_by_reason"][r] - prev["dropped_by_reason"][r] for r in stats["dropped_by_reason"]}
+            n_all = stats["reward_count_all"] - prev["reward_count_all"]
+            n_kept = stats["reward_count_kept"] - prev["reward_count_kept"]
+            reward_all = (stats["reward_sum_all"] - prev["reward_sum_all"]) / n_all if n_all else math.nan
+            reward_kept = (stats["reward_sum_kept"] - prev["reward_sum_kept"]) / n_kept if n_kept else math.nan
+        else:
+            local["rollouts"] += sum(len(g.rollouts) for g in batch.groups)
+            rollouts = local["rollouts"]
+            classified = len(batch.groups)
+            kept = sum(g.reason == "informative" for g in batch.groups)
+            dropped = {r.label: sum(g.reason == r.label for g in batch.groups) for r in GroupReason if r.label != "informative"}
+            rewards = [[e.reward for e in g.rollouts] for g in batch.groups]
+            reward_all = float(np.mean(rewards))
+            inf = [r for g, r in zip(batch.groups, rewards) if g.reason == "informative"]
+            reward_kept = float(np.mean(inf)) if inf else math.nan
+        prev = stats
+        row = {
+            "step": step, "rollouts": int(rollouts), "model_version": version,
+            "keep_rate": kept / classified if classified else math.nan, "groups_classified": classified,
+            "dropped": dropped, "reward_all": reward_all, "reward_kept": reward_kept,
+            "batch_rounds": batch.rounds, "batch_padding": batch.num_padding,
+            "rollout_seconds": rollout_s, "train_seconds": train_s,
+            "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
+        }
+        if step % cfg.eval_every == 0 or rollouts >= cfg.rollout_budget:
+            ev = _evaluate(held_source, held_tasks, cfg.eval_samples, version, f"eval{step}")
+            ev.pop("_groups")
+            evals.append({"step": step, "rollouts": int(rollouts), "model_version": version, **ev})
+            row["heldout_acc"] = ev["heldout_acc"]
+        steps.append(row)
+        actor.report_training.remote(step, {k: v for k, v in row.items() if not isinstance(v, dict)})
+        if progress is not None:
+            progress(row)
+        if rollouts >= cfg.rollout_budget:
+            break
+
+    stats = ray.get(actor.get_stats.remote()).model_dump()
+    (cfg.out_dir / "metrics.prom").write_text(ray.get(actor.metrics_text.remote()))
+    ray.kill(actor)
+    ray.kill(engine)
+    rollouts_total = steps[-1]["rollouts"] if steps else 0
+    groups_trained = sum(s["sequences"] for s in steps) / cfg.policy.group_size
+    summary = {
+        "config": json.loads(cfg.model_dump_json()),
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "start_heldout_acc": evals[0]["heldout_acc"],
+        "end_heldout_acc": evals[-1]["heldout_acc"],
+        "steps_done": len(steps),
+        "rollouts": rollouts_total,
+        "groups_trained": groups_trained,
+        "rollouts_per_trained_group": rollouts_total / groups_trained if groups_trained else None,
+        "rollouts_per_emitted_group": stats["rollouts_per_emitted_group"] if cfg.dynamic_sampling else rollouts_total / max(groups_trained, 1),
+        "sync": {"method": "collective_rpc('reload_weights') + reset_prefix_cache, verified on probes",
+                 "count": len(sync.seconds), "mean_seconds": float(np.mean(sync.seconds)) if sync.seconds else None,
+                 "max_seconds": float(np.max(sync.seconds)) if sync.seconds else None,
+                 "start_max_abs_diff": start_diff,
+                 "max_abs_diff": max((s.get("max_abs_diff", 0.0) for s in steps), default=0.0)},
+        "stats": stats if cfg.dynamic_sampling else None,
+        "evals": evals,
+        "steps": steps,
+    }
+    (cfg.out_dir / "train.json").write_text(json.dumps(summary, indent=1, default=float))
+    from orchestrator.jobs.plots import plot_training
+
+    summary["plots"] = [str(p) for p in plot_training(summary, cfg.out_dir)]
+    (cfg.out_dir / "train.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary

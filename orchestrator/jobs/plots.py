@@ -1,0 +1,117 @@
+"""PNG plots of a training run and of an ablation (matplotlib, Agg backend, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(steps: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([s["rollouts"] for s in steps if key in s], dtype=float)
+    y = np.array([s[key] for s in steps if key in s], dtype=float)
+    return x, y
+
+
+def plot_training(summary: dict, out_dir: Path) -> list[Path]:
+    """Write ``curves.png`` (held-out accuracy and train reward vs rollouts; entropy, clip
+    fractions, KL to the initial policy) and ``sampling.png`` (keep rate, groups dropped by
+    reason per step, reward of all vs kept groups). Returns the paths."""
+    plt = _plt()
+    steps, evals = summary["steps"], summary["evals"]
+    out_dir = Path(out_dir)
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
+    a = ax[0, 0]
+    a.plot([e["rollouts"] for e in evals], [e["heldout_acc"] for e in evals], "o-", label="held-out accuracy (avg@k)")
+    x, y = _series(steps, "accuracy_mean")
+    a.plot(x, y, alpha=0.5, label="train batch accuracy")
+    a.set_xlabel("rollouts generated")
+    a.set_ylim(0, 1)
+    a.legend()
+    a.set_title("accuracy")
+    a = ax[0, 1]
+    for key, label in (("reward_all", "train reward: all groups"), ("reward_kept", "train reward: kept groups"),
+                       ("reward_mean", "train reward: batch")):
+        x, y = _series(steps, key)
+        a.plot(x, y, label=label, alpha=0.8)
+    a.set_xlabel("rollouts generated")
+    a.legend()
+    a.set_title("reward")
+    a = ax[1, 0]
+    x, y = _series(steps, "entropy")
+    a.plot(x, y, label="entropy (nats/token)")
+    x, y = _series(steps, "kl_ref")
+    a.plot(x, y, label="KL to initial policy")
+    a.set_xlabel("rollouts generated")
+    a.legend()
+    a.set_title("entropy and KL")
+    a = ax[1, 1]
+    for key, label in (("pg_clipfrac", "clip fraction, upper"), ("pg_clipfrac_lower", "clip fraction, lower"),
+                       ("pg_clipfrac_dual", "dual clip")):
+        x, y = _series(steps, key)
+        a.plot(x, y, label=label)
+    a.set_xlabel("rollouts generated")
+    a.legend()
+    a.set_title("policy-gradient clip fraction")
+    fig.tight_layout()
+    curves = out_dir / "curves.png"
+    fig.savefig(curves, dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(1, 3, figsize=(14, 4))
+    idx = [s["step"] for s in steps]
+    ax[0].plot(idx, [s["keep_rate"] for s in steps], "o-", ms=3)
+    ax[0].set_ylim(0, 1)
+    ax[0].set_xlabel("step")
+    ax[0].set_title("keep rate (informative / classified)")
+    reasons = sorted({r for s in steps for r, v in s["dropped"].items() if v})
+    bottom = np.zeros(len(steps))
+    for r in reasons:
+        v = np.array([s["dropped"].get(r, 0) for s in steps], dtype=float)
+        ax[1].bar(idx, v, bottom=bottom, label=r)
+        bottom += v
+    ax[1].set_xlabel("step")
+    ax[1].set_title("groups dropped by reason")
+    if reasons:
+        ax[1].legend()
+    ax[2].plot(idx, [s["reward_all"] for s in steps], label="all groups")
+    ax[2].plot(idx, [s["reward_kept"] for s in steps], label="kept groups")
+    ax[2].set_xlabel("step")
+    ax[2].set_title("reward mean")
+    ax[2].legend()
+    fig.tight_layout()
+    sampling = out_dir / "sampling.png"
+    fig.savefig(sampling, dpi=90)
+    plt.close(fig)
+    return [curves, sampling]
+
+
+def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path) -> Path:
+    """Held-out accuracy vs rollouts, one line per arm (mean over seeds, band = min..max).
+
+    Args:
+        curves: arm -> one list of (rollouts, accuracy) per seed.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for arm, runs in curves.items():
+        grid = np.linspace(0, min(r[-1][0] for r in runs), 20)
+        ys = np.array([np.interp(grid, [p[0] for p in r], [p[1] for p in r]) for r in runs])
+        ax.plot(grid, ys.mean(0), label=arm)
+        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.15)
+    ax.set_xlabel("rollouts generated")
+    ax.set_ylabel("held-out accuracy (avg@k)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)

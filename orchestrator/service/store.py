@@ -1,0 +1,195 @@
+"""The orchestrator's durable state: one SQLite file, one transaction per change.
+
+What the file holds (tables):
+
+* ``dso_state``: the core's small state (:meth:`OrchestratorCore.state_dict` with
+  ``payloads=False``: counters, history, task order, policy, and the *keys* of the held
+  groups) plus the anchor index's tracked batches, with a sequence number;
+* ``dso_groups``: one row per group ever accepted (its key and filter label, so a retried
+  submit is answered, not counted again), with the group itself (pickled) while it is held;
+  written once when accepted, its payload cleared when the group leaves the held set;
+* ``dso_ready``: batches emitted but not yet handed to a caller (``pop_batch``);
+* with a :class:`~orchestrator.service.sink.SQLiteSink` on the same file, the sink's
+  ``batches`` / ``experiences`` tables.
+
+:meth:`StateStore.commit` writes all of a change (new groups, emitted batches into the sink
+and the ready queue, hand-outs, the new state) in one SQLite transaction (WAL,
+``synchronous=FULL``): after a crash the file holds either everything a change did or none of
+it. So a batch id is written once, with the state that produced it, and a batch emitted but
+not handed out is handed out after a restart. The cost of a commit grows with what changed
+(new groups, emitted batches), not with the number of groups held.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.core.types import Batch, Group
+from orchestrator.service.sink import SQLiteSink
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dso_state (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dso_groups (
+    key TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    payload BLOB
+);
+CREATE TABLE IF NOT EXISTS dso_ready (
+    batch_id INTEGER PRIMARY KEY,
+    payload BLOB NOT NULL
+);
+"""
+
+
+class StateStoreError(RuntimeError):
+    """The state file cannot be opened or read (names the path)."""
+
+
+@dataclass
+class Saved:
+    """What :meth:`StateStore.load` found.
+
+    Attributes:
+        seq: number of commits so far.
+        state: the last committed state (JSON object).
+        groups: the held groups by key.
+        seen: filter label of every group key ever accepted.
+        ready: batches emitted and not handed out, oldest first.
+    """
+
+    seq: int
+    state: dict
+    groups: dict[str, Group] = field(default_factory=dict)
+    seen: dict[str, str] = field(default_factory=dict)
+    ready: list[Batch] = field(default_factory=list)
+
+
+@dataclass
+class Change:
+    """One change to commit (see :meth:`StateStore.commit`).
+
+    Attributes:
+        state: the whole new small state (replaces the saved one).
+        seen: new group keys and their filter labels.
+        hold: groups that became held (payload written once).
+        release: keys of groups that left the held set (payload cleared).
+        batches: batches emitted by this change (into the sink, when it shares the file,
+            and into the ready queue unless ``handed``).
+        handed: ids of ready batches handed to a caller by this change.
+    """
+
+    state: dict
+    seen: dict[str, str] = field(default_factory=dict)
+    hold: list[Group] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)
+    batches: list[Batch] = field(default_factory=list)
+    handed: list[int] = field(default_factory=list)
+
+
+class StateStore:
+    """The orchestrator's state file (SQLite, WAL, ``synchronous=FULL``).
+
+    Args:
+        path: the SQLite file; parent directories are created.
+        sink: a :class:`SQLiteSink` on the same file: emitted batches are then written into its
+            tables in the same transaction as the state.
+    Raises:
+        StateStoreError: the file exists and is not a SQLite database (e.g. a JSON checkpoint
+            of an older version).
+    """
+
+    def __init__(self, path: str | Path, sink: SQLiteSink | None = None):
+        self.path = Path(path)
+        self.sink = sink
+        if sink is not None and Path(sink.path).resolve() != self.path.resolve():
+            raise ValueError(f"sink: {sink.path} is not the state file {self.path}")
+        try:
+            if sink is not None:
+                self._db = sink._db
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as err:
+            raise StateStoreError(
+                f"checkpoint_path: {self.path} is not a SQLite state file ({err}); a JSON checkpoint of an "
+                "older version cannot be resumed: move it away to start afresh"
+            ) from None
+        self.seq = 0
+
+    def __getstate__(self) -> dict:
+        raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
+
+    def load(self) -> Saved | None:
+        """The last committed state, or None for a new file."""
+        row = self._db.execute("SELECT seq, state FROM dso_state WHERE id = 0").fetchone()
+        if row is None:
+            return None
+        self.seq = int(row[0])
+        state = json.loads(row[1])
+        seen: dict[str, str] = {}
+        groups: dict[str, Group] = {}
+        for key, reason, payload in self._db.execute("SELECT key, reason, payload FROM dso_groups"):
+            seen[key] = reason
+            if payload is not None:
+                groups[key] = pickle.loads(payload)
+        ready = [pickle.loads(p) for (p,) in self._db.execute("SELECT payload FROM dso_ready ORDER BY batch_id")]
+        return Saved(self.seq, state, groups, seen, ready)
+
+    def commit(self, change: Change) -> int:
+        """Write one change atomically; returns the new sequence number.
+
+        Raises:
+            sqlite3.Error (e.g. ``IntegrityError`` for a batch id already in the sink): nothing
+            of the change is written.
+        """
+        db = self._db
+        handed = set(change.handed)
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT OR IGNORE INTO dso_groups (key, reason) VALUES (?, ?)", change.seen.items())
+            db.executemany(
+                "UPDATE dso_groups SET payload = ? WHERE key = ?",
+                ((pickle.dumps(g, protocol=pickle.HIGHEST_PROTOCOL), g.key) for g in change.hold),
+            )
+            db.executemany("UPDATE dso_groups SET payload = NULL WHERE key = ?", ((k,) for k in change.release))
+            for batch in change.batches:
+                if self.sink is not None:
+                    self.sink.insert(db, batch)
+                if batch.batch_id not in handed:
+                    db.execute("INSERT INTO dso_ready VALUES (?, ?)",
+                               (batch.batch_id, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
+            db.executemany("DELETE FROM dso_ready WHERE batch_id = ?", ((b,) for b in handed))
+            db.execute(
+                "INSERT INTO dso_state (id, seq, state) VALUES (0, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state",
+                (self.seq + 1, json.dumps(change.state, allow_nan=False)),
+            )
+        self.seq += 1
+        if change.batches and self.sink is not None:
+            self.sink.wal_checkpoint()
+        return self.seq
+
+    def seen_keys(self, keys: Iterable[str]) -> dict[str, str]:
+        """Filter labels of those ``keys`` already accepted."""
+        out = {}
+        for k in keys:
+            row = self._db.execute("SELECT reason FROM dso_groups WHERE key = ?", (k,)).fetchone()
+            if row is not None:
+                out[k] = row[0]
+        return out
+
+    def close(self) -> None:
+        if self.sink is None:
+            self._db.close()

@@ -1,0 +1,141 @@
+"""Exactly-once emission and recovery from the state file, in-process (no Ray): the actor body
+(:class:`Orchestrator`) on a real SQLite file, restarted by building it again on the same file."""
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from algos.dapo import InvalidGroupError
+from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.rollout.scripted import ScriptedTasks
+from orchestrator.service.actor import Orchestrator
+from orchestrator.service.sink import SQLiteSink
+
+TASKS = [f"t{i}" for i in range(8)]
+POLICY = {"target_groups": 2, "group_size": 2}
+MIXED, WRONG = [1.0, -1.0], [-1.0, -1.0]
+
+
+def group(task, rewards=MIXED, tag="r0", tokens=()):
+    rollouts = [Experience(eid=ExperienceId(task=task, run=i, round_tag=tag), reward=r, tokens=list(tokens),
+                           logprobs=[-0.5] * len(tokens)) for i, r in enumerate(rewards)]
+    return Group(task_id=task, rollouts=rollouts)
+
+
+def orch(tmp_path, **kw):
+    return Orchestrator(POLICY, ScriptedTasks(TASKS), sink=SQLiteSink(tmp_path / "run.db"), **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def invariant(s):
+    return s.groups_submitted == s.groups_emitted + s.groups_padded + s.groups_dropped + s.groups_held
+
+
+def test_retried_submit_counts_each_group_once(tmp_path):
+    o = orch(tmp_path)
+    first = run(o.submit_groups([group("t0"), group("t1", WRONG)]))
+    again = run(o.submit_groups([group("t0"), group("t1", WRONG), group("t2")]))  # a retry plus one new group
+    assert first == ["informative", "all_wrong"] and again == ["informative", "all_wrong", "informative"]
+    s = o.get_stats()
+    assert s.groups_submitted == 3 and s.batches_emitted == 1 and invariant(s)
+
+
+def test_a_task_twice_in_one_round_is_two_groups(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0"), group("t0", WRONG)]))
+    assert o.get_stats().groups_submitted == 2
+    run(o.submit_groups([group("t0"), group("t0", WRONG)]))  # the same call again: a retry
+    assert o.get_stats().groups_submitted == 2
+
+
+def test_ready_batches_and_held_groups_survive_a_restart(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t, tokens=range(5)) for t in TASKS[:5]]))  # 2 batches ready, 1 group carried
+    before = o.get_stats()
+    o2 = orch(tmp_path)  # "restart": a new actor body on the same file
+    assert o2.get_stats() == before
+    assert [run(o2.pop_batch()).batch_id for _ in range(2)] == [0, 1] and run(o2.pop_batch()) is None
+    assert [g.task_id for g in o2.core.carry] == ["t4"] and o2.core.carry[0].rollouts[0].tokens == [0, 1, 2, 3, 4]
+    # handed out is committed too
+    assert run(orch(tmp_path).pop_batch()) is None
+    assert SQLiteSink(tmp_path / "run.db").batch_ids() == [0, 1]
+
+
+def test_state_holds_ids_not_payloads(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0", tokens=range(20_000))]))
+    db = sqlite3.connect(tmp_path / "run.db")
+    state = json.loads(db.execute("SELECT state FROM dso_state").fetchone()[0])
+    assert state["carry"] == ["t0\x1fr0\x1f0,1"] and len(json.dumps(state)) < 5_000
+    (payload,) = db.execute("SELECT payload FROM dso_groups").fetchone()
+    assert len(payload) > 20_000 * 2  # the tokens live in the groups table, written once
+
+
+def test_emitted_groups_payload_released(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0", tokens=range(50)), group("t1", tokens=range(50))]))
+    rows = sqlite3.connect(tmp_path / "run.db").execute("SELECT key, reason, payload IS NULL FROM dso_groups").fetchall()
+    assert sorted(rows) == [("t0\x1fr0\x1f0,1", "informative", 1), ("t1\x1fr0\x1f0,1", "informative", 1)]
+
+
+def test_rejected_submit_changes_nothing_on_disk(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0")]))
+    db = sqlite3.connect(tmp_path / "run.db")
+    before = db.execute("SELECT seq, state FROM dso_state").fetchone()
+    bad = group("t1")
+    bad.rollouts[1].metrics = {"x": np.float32(0.5)}  # json.dumps cannot store it
+    with pytest.raises(InvalidGroupError, match=r"rollouts\.1\.metrics\.x: expected a Python int or float, got numpy\.float32"):
+        run(o.submit_groups([group("t2"), bad]))
+    assert db.execute("SELECT seq, state FROM dso_state").fetchone() == before
+
+
+def test_failed_commit_goes_back_to_the_last_commit(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0")]))
+    before = o.get_stats()
+    # a foreign row holding batch id 0 makes the sink insert of the next batch fail
+    sink = SQLiteSink(tmp_path / "run.db")
+    sink._db.execute("INSERT INTO batches VALUES (0, 0, 0, 0, 0, 0, 0.0)")
+    with pytest.raises(sqlite3.IntegrityError):
+        run(o.submit_groups([group("t1")]))
+    assert o.get_stats() == before and o.ready == []
+    assert orch(tmp_path).get_stats() == before
+
+
+CRASH_IN_COMMIT = textwrap.dedent("""
+    import asyncio, os, sys
+    sys.path.insert(0, os.getcwd())
+    import orchestrator.service.store as store
+    from tests.service.test_durability import orch, group
+    from pathlib import Path
+    o = orch(Path(sys.argv[1]))
+    real = store.json.dumps
+    def die(*a, **k):  # the state is serialised after the batch rows are inserted: die in the window
+        if o.store.sink._db.in_transaction and o.store.sink._db.execute("SELECT COUNT(*) FROM batches").fetchone()[0]:
+            os._exit(9)
+        return real(*a, **k)
+    store.json.dumps = die
+    asyncio.run(o.submit_groups([group("t1"), group("t2")]))
+""")
+
+
+def test_crash_between_sink_write_and_state_commit_loses_and_duplicates_nothing(tmp_path):
+    run(orch(tmp_path).submit_groups([group("t0", WRONG)]))
+    proc = subprocess.run([sys.executable, "-c", CRASH_IN_COMMIT, str(tmp_path)], cwd=os.getcwd(), env=os.environ)
+    assert proc.returncode == 9
+    o = orch(tmp_path)  # restarted: neither the batch nor the groups were committed
+    assert SQLiteSink(tmp_path / "run.db").batch_ids() == [] and o.get_stats().groups_submitted == 1
+    assert run(o.submit_groups([group("t1"), group("t2")])) == ["informative", "informative"]  # the caller's retry
+    assert run(o.pop_batch()).batch_id == 0 and SQLiteSink(tmp_path / "run.db").batch_ids() == [0]
+    assert invariant(o.get_stats())
