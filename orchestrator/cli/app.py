@@ -127,7 +127,7 @@ def demo(
     ),
     out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON); default runs/demo."),
 ) -> None:
-    """Run the main job (embedded defaults, or a YAML config) and print its summary table."""
+    """The sampling demo: DAPO dynamic sampling (or a GiGPO batch) without training; embedded defaults or a YAML config."""
     from orchestrator.cli.service import load_yaml_model
 
     if algo is Algo.gigpo:
@@ -203,6 +203,6 @@ except ImportError:  # pragma: no cover - while it is being written
 if _register_service is not None:
     _register_service(app)
 
-from orchestrator.jobs.cli import register as _register_training  # noqa: E402  (train, ablate-dapo)
+from orchestrator.cli.train import register as _register_training  # noqa: E402  (train, ablate-dapo)
 
 _register_training(app)

@@ -673,6 +673,7 @@ class Orchestrator(AnchorLifecycle):
         return {**self.core.state_dict(payloads=False), "attachment": dict(self.attachment)}
 
     def ping(self) -> str:
+        self._start_watch()
         return "ok"
 
     @ray.method(max_task_retries=RETRIES)
@@ -773,6 +774,11 @@ class Orchestrator(AnchorLifecycle):
     def anchor_expire(self, max_age_versions: int | None = None) -> list[str]:
         """:meth:`AnchorLifecycle.anchor_expire` (off the event loop)."""
         return AnchorLifecycle.anchor_expire(self, max_age_versions)
+
+    def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
+        """:meth:`AnchorLifecycle.anchor_register`; starts the Redis health check."""
+        self._start_watch()
+        return AnchorLifecycle.anchor_register(self, batch_key, model_version)
 
     @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_spec(self) -> dict:

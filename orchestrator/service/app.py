@@ -71,8 +71,9 @@ class ActorClient:
     """Calls the named orchestrator actor, looking it up again by name when its handle fails.
 
     A read (``ping``, ``get_policy``, ``get_stats``, ...) that meets a dead or restarting actor
-    is retried on a fresh lookup for up to ``restart_wait_s`` seconds; a write is not retried
-    (it may have been applied). Then :class:`OrchestratorUnavailable` (503 with ``Retry-After``).
+    is retried on a fresh lookup for up to ``restart_wait_s`` seconds; a write is sent again only
+    to an actor created anew under the name, never to the restarting one it failed on (it may
+    have been applied). Then :class:`OrchestratorUnavailable` (503 with ``Retry-After``).
     """
 
     READS = frozenset({"ping", "get_policy", "get_stats", "task_history", "metrics_text"})
@@ -98,16 +99,28 @@ class ActorClient:
 
         timeout = timeout_s or self.timeout_s
         deadline = asyncio.get_running_loop().time() + min(self.restart_wait_s, timeout)
+        failed_on: str | None = None  # the actor a write failed on
         while True:
+            handle = None
             try:
-                ref = getattr(self._resolve(), method).remote(*args, **kwargs)
+                handle = self._resolve()
+                if failed_on is not None and handle._actor_id.hex() == failed_on:
+                    raise OrchestratorUnavailable("restarting (a write is not sent again to the actor it failed on)")
+                ref = getattr(handle, method).remote(*args, **kwargs)
                 return await asyncio.wait_for(ref, timeout)
             except (rex.RayActorError, rex.ActorUnavailableError, OrchestratorUnavailable) as err:
                 self._handle = None  # restarted, or created again under the same name: look it up again
-                if method not in self.READS or asyncio.get_running_loop().time() >= deadline:
+                # a read is retried until the deadline; a write once, and only on an actor created anew
+                # under the name (the dead one cannot have applied it twice)
+                retry = method in self.READS or (failed_on is None and handle is not None
+                                                 and not isinstance(err, OrchestratorUnavailable))
+                if not retry or asyncio.get_running_loop().time() >= deadline:
                     why = str(err) if isinstance(err, OrchestratorUnavailable) else f"{type(err).__name__} (restarting?)"
                     raise OrchestratorUnavailable(f"orchestrator actor {self.name!r} is unavailable: {why}") from None
-                await asyncio.sleep(0.2)
+                if method not in self.READS:
+                    failed_on = handle._actor_id.hex()
+                else:
+                    await asyncio.sleep(0.2)
             except TimeoutError:
                 raise TimeoutError(f"orchestrator actor {self.name!r} did not answer {method} within {timeout} s") from None
 

@@ -54,7 +54,7 @@ class TrainerConfig(BaseModel):
     loss_agg: str = Field("token-mean", description=f"Loss aggregation, one of {LOSS_AGG_MODES} (DAPO: token-mean).")
     adv_norm: str = Field("std", description="Group advantage normalisation: 'std' (GRPO/DAPO) or 'none' (Dr. GRPO).")
     norm_length: int | None = Field(None, gt=0, description="L of seq-mean-token-sum-norm (Dr. GRPO), tokens; default the longest response of the first batch.")
-    mini_batches: int = Field(4, ge=1, description="Optimizer updates per train batch (DAPO: 16 = 512 prompts / 32; here 4).")
+    mini_batches: int = Field(2, ge=1, description="Optimizer updates per train batch (DAPO: 16 = 512 prompts / 32; here 2).")
     micro_batch_seqs: int = Field(64, ge=1, description="Sequences per forward/backward pass (memory only: exact aggregation).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm (DAPO/verl: 1.0).")
     seed: int = Field(0, description="Seeds the mini-batch shuffle.")
