@@ -524,7 +524,8 @@ class OrchestratorCore:
         return np.array([self._check_group(g)[0] for g in groups], dtype=np.float64).reshape(len(groups), -1)
 
     def submit(
-        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        new_round: bool = True,
     ) -> list[Group]:
         """Classify and take ownership of groups.
 
@@ -536,6 +537,10 @@ class OrchestratorCore:
                 others go on (the Trinity route).
             checked: what :meth:`check_groups` returned for exactly these groups under the
                 current policy (they are not checked again); None checks here.
+            new_round: True: this call is the next round of the open batch (``initial`` when it
+                is the first, else ``replenish``); False: it continues the round of the previous
+                call (a caller submitting one round in slices), or starts one if a batch was
+                released in between.
         Returns:
             the same groups, with ``reason`` set to the filter's label (``invalid`` for dropped ones).
         Raises:
@@ -559,11 +564,14 @@ class OrchestratorCore:
             rows.append(values)
             masks.append(valid)
         # one submission = one round of the open batch, whoever planned it
-        purpose: Purpose = "initial" if self.rounds_submitted == 0 else "replenish"
-        if purpose == "replenish":
-            self.counters["replenish_rounds"] += 1
-        rnd = self.rounds_submitted
-        self.rounds_submitted += 1
+        if new_round or self.rounds_submitted == 0:
+            rnd = self.rounds_submitted
+            self.rounds_submitted += 1
+            if rnd > 0:
+                self.counters["replenish_rounds"] += 1
+        else:
+            rnd = self.rounds_submitted - 1
+        purpose: Purpose = "initial" if rnd == 0 else "replenish"
         back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
         self.in_flight = [t for t in self.in_flight if t not in back]
         for g in groups:

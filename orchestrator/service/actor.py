@@ -419,7 +419,8 @@ class Orchestrator(AnchorLifecycle):
         for i, part in enumerate(parts):
             part_groups = [g for g, _ in part]
             checked = [c for _, c in part] if on_invalid == "raise" else None
-            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked)
+            # the slices of one call are one round
+            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked, new_round=i == 0)
             for g in part_groups:
                 self._seen[g.key] = self._new_seen[g.key] = g.reason
             while (batch := self.core.try_emit()) is not None:

@@ -40,6 +40,20 @@ def test_planning_rounds_ahead_does_not_count_them_as_replenish_rounds():
     assert counters(c) == (8, 0, 0)
 
 
+def test_a_round_submitted_in_slices_counts_once():
+    c = core(target_groups=3)
+    c.submit([group("t0", CORRECT)])  # round 0
+    c.submit([group("t1", MIXED)])  # round 1, first slice
+    c.submit([group("t2", CORRECT)], new_round=False)  # round 1, second slice
+    assert counters(c) == (2, 4, 1)
+
+
+def test_the_end_of_data_gives_fewer_tasks_then_none():
+    c = core(max_rollouts=6)  # 3 groups of 2
+    assert c.next_tasks(2) and len(c.next_tasks(2)) == 1
+    assert c.next_tasks(2) == [] and c.exhausted()
+
+
 def test_the_group_carries_the_purpose_and_round_it_was_counted_with():
     c = core()
     first = c.submit([group("t0", CORRECT)])[0]
