@@ -30,7 +30,7 @@ from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.service.actor import get_or_create_orchestrator
-from orchestrator.trinity.attach import IndexTaskSet
+from orchestrator.tasks.taskset import IndexTaskSet
 
 
 def make_calls(calls: int, call_groups: int, n: int, num_tasks: int, seed: int) -> list[list[Group]]:

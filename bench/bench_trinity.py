@@ -133,7 +133,7 @@ def bench_dapo(args, exps) -> None:
     import ray
 
     from orchestrator.service.actor import get_or_create_orchestrator
-    from orchestrator.trinity.attach import IndexTaskSet
+    from orchestrator.tasks.taskset import IndexTaskSet
     from orchestrator.trinity.operator import OrchestratorOperator
 
     dapo_filter, grpo = DAPODynamicSamplingFilter(), GRPOGroupedAdvantage()

@@ -175,6 +175,28 @@ def demo(
     console.print(f"summary written to {out / 'demo.json'}; batches in {summary['buffer']}")
 
 
+@app.command("frozenlake-taskset")
+def frozenlake_taskset(
+    out: Path = typer.Option(..., "--out", help="Directory to write train.jsonl and test.jsonl to (TRINITY_TASKSET_PATH)."),
+    train: int = typer.Option(1024, min=1, help="Training rows."),
+    test: int = typer.Option(64, min=1, help="Test rows (seeds after the training ones)."),
+    size: int = typer.Option(4, min=2, help="Grid side."),
+    p: float = typer.Option(0.8, min=0.0, max=1.0, help="Probability that a cell is frozen."),
+    seed: int = typer.Option(0, help="Seed of the first training row."),
+) -> None:
+    """Write the FrozenLake taskset of examples/gigpo_frozenlake_dso (rows of Trinity's frozen_lake_workflow)."""
+    import json
+
+    from orchestrator.envs.frozenlake import trinity_taskset_rows
+
+    out.mkdir(parents=True, exist_ok=True)
+    splits = {"train": trinity_taskset_rows(train, size=size, p=p, first_seed=seed),
+              "test": trinity_taskset_rows(test, size=size, p=p, first_seed=seed + train)}
+    for split, rows in splits.items():
+        (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    console.print(f"wrote {train} training and {test} test rows to {out} (train.jsonl, test.jsonl)")
+
+
 try:  # the service commands (serve, policy, status) live in their own module
     from orchestrator.cli.service import register as _register_service
 except ImportError:  # pragma: no cover - while it is being written

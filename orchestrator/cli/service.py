@@ -178,7 +178,7 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
             init.update(include_dashboard=False, num_cpus=cfg.ray.num_cpus)
         ray.init(**init)
     s = cfg.service
-    if cfg.orchestrator is not None:
+    if cfg.orchestrator is not None and cfg.orchestrator.create:  # create: false - a Trinity run creates it
         ensure_orchestrator(cfg.orchestrator)
     serve.start(http_options={"host": s.host, "port": s.port})
     serve.run(build_app(cfg.model_dump()), name=s.app_name, route_prefix=s.route_prefix)

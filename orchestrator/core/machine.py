@@ -6,7 +6,9 @@ thin shell that feeds it rollouts and forwards its batches.
 Life of a batch::
 
     plan_round()  -> RoundPlan (round 0 'initial', then 'replenish' rounds 1, 2, ...)
-    submit(groups) -> each group classified (algos.dapo.classify_groups):
+    submit(groups) -> one round: 'initial' when it is the open batch's first, else 'replenish'
+                      (counted here, so a round means the same whoever planned it);
+                      each group classified (algos.dapo.classify_groups):
                       informative -> carry pool; otherwise -> padding candidates / dropped
     try_emit()    -> Batch of exactly target_groups when the carry pool holds enough
     cap_reached() -> close_at_cap(): pad | partial | raise, per policy.on_cap
@@ -196,8 +198,12 @@ class OrchestratorCore:
         self.last_round: dict | None = None
         # the open batch
         self.batch_id = 0
-        self.rounds_started = 0
+        self.rounds_started = 0  # rounds planned for the open batch (cap, same_tasks)
+        self.rounds_submitted = 0  # rounds submitted into the open batch (purpose, counters)
         self.dropped_task_ids: list[str] = []
+        # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
+        self.in_flight: list[str] = []
+        self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
         self.carry: list[Group] = []
         self.candidates: list[Group] = []
         # counters (cumulative)
@@ -398,8 +404,6 @@ class OrchestratorCore:
         task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
         self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
         self.rounds_started += 1
-        if rnd > 0:
-            self.counters["replenish_rounds"] += 1
         self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
 
@@ -452,6 +456,57 @@ class OrchestratorCore:
                     "predicted_keep_rate": r["predicted_keep_rate"],
                     "realised_keep_rate": r["informative"] / r["tasks"],
                 }
+
+    def next_tasks(self, count: int) -> list[str]:
+        """``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
+
+        Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then with
+        ``replenish='same_tasks'`` this batch's dropped tasks (not those a skip rule has just
+        put in cooldown), then fresh tasks in epoch order (:meth:`select_tasks`). Every task
+        handed out stays "in flight" until its group is submitted. At the end of data
+        (:meth:`exhausted`: ``max_epochs`` passed, or the ``max_rollouts`` budget spent) fewer
+        come back, none once only requeued tasks were left; new tasks (re-rolls included)
+        count against the rollout budget, requeued ones were counted when first handed out.
+
+        Raises:
+            ValueError: ``count`` < 1.
+        """
+        if count < 1:
+            raise ValueError(f"count: must be >= 1, got {count}")
+        tasks, self.requeued = self.requeued[:count], self.requeued[count:]
+        want = count - len(tasks)
+        left = self.rollouts_left()
+        if left is not None:
+            want = min(want, left // self.policy.group_size)
+        if self.epochs_done():
+            want = 0
+        if self.policy.replenish == "same_tasks" and want > 0:
+            skip_until = self.history.skip_until_epoch
+            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
+            take = rerolls[:want]
+            tasks += take
+            want -= len(take)
+            self.dropped_task_ids = rerolls[len(take):]
+            self.counters["rollouts_planned"] += len(take) * self.policy.group_size
+        while want > 0 and not self.exhausted():  # select_tasks may fall short when every task cools down
+            more = self.select_tasks(want)
+            if not more and not self.exhausted():
+                more = self.task_ids[:want]
+                self.counters["rollouts_planned"] += len(more) * self.policy.group_size
+            tasks += more
+            want -= len(more)
+        self.in_flight.extend(tasks)
+        return tasks
+
+    def requeue_in_flight(self) -> list[str]:
+        """Hand the in-flight tasks out again first: their explorer restarted before their groups came back.
+
+        Returns:
+            the requeued task ids (oldest first).
+        """
+        moved, self.in_flight = self.in_flight, []
+        self.requeued = moved + self.requeued
+        return list(moved)
 
     # ------------------------------------------------------------------ submit
     def judge_name(self, group: Group) -> str:
@@ -555,7 +610,8 @@ class OrchestratorCore:
         return np.array([self._check_group(g)[0] for g in groups], dtype=np.float64).reshape(len(groups), -1)
 
     def submit(
-        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self, groups: list[Group], on_invalid: str = "raise", checked: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        new_round: bool = True,
     ) -> list[Group]:
         """Classify and take ownership of groups.
 
@@ -567,6 +623,10 @@ class OrchestratorCore:
                 others go on (the Trinity route).
             checked: what :meth:`check_groups` returned for exactly these groups under the
                 current policy (they are not checked again); None checks here.
+            new_round: True: this call is the next round of the open batch (``initial`` when it
+                is the first, else ``replenish``); False: it continues the round of the previous
+                call (a caller submitting one round in slices), or starts one if a batch was
+                released in between.
         Returns:
             the same groups, with ``reason`` set to the filter's label (``invalid`` for dropped ones).
         Raises:
@@ -589,6 +649,20 @@ class OrchestratorCore:
             checked.append(g)
             rows.append(values)
             masks.append(valid)
+        # one submission = one round of the open batch, whoever planned it
+        if new_round or self.rounds_submitted == 0:
+            rnd = self.rounds_submitted
+            self.rounds_submitted += 1
+            if rnd > 0:
+                self.counters["replenish_rounds"] += 1
+        else:
+            rnd = self.rounds_submitted - 1
+        purpose: Purpose = "initial" if rnd == 0 else "replenish"
+        back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+        self.in_flight = [t for t in self.in_flight if t not in back]
+        for g in groups:
+            if isinstance(g, Group):
+                g.purpose, g.round = purpose, rnd
         c = self.counters
         for g, err in invalid:
             log.warning("dropped invalid group of task %r: %s", g.task_id, err)
@@ -747,11 +821,12 @@ class OrchestratorCore:
             "rollouts_generated": w["rollouts"],
         }
         self.window = self._new_window()
-        rounds = max(0, self.rounds_started - 1)
+        rounds = max(0, self.rounds_submitted - 1)
         self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
         batch = Batch(self.batch_id, groups + padding, partial=partial, rounds=rounds, model_version=self.model_version)
         self.batch_id += 1
         self.rounds_started = 0
+        self.rounds_submitted = 0
         self.dropped_task_ids = []
         self.candidates = []
         return batch
@@ -782,7 +857,7 @@ class OrchestratorCore:
         if p.on_cap == "raise":
             raise ReplenishCapError(
                 f"max_replenish_rounds: batch {self.batch_id} has {len(kept)} of {p.target_groups} informative "
-                f"groups after {max(0, self.rounds_started - 1)} replenish rounds (cap {p.max_replenish_rounds})"
+                f"groups after {max(0, self.rounds_submitted - 1)} replenish rounds (cap {p.max_replenish_rounds})"
             )
         self.counters["cap_hits"] += 1
         self.carry = self.carry[len(kept) :]
@@ -885,6 +960,9 @@ class OrchestratorCore:
             "last_round": dict(self.last_round) if self.last_round else None,
             "batch_id": self.batch_id,
             "rounds_started": self.rounds_started,
+            "rounds_submitted": self.rounds_submitted,
+            "in_flight": list(self.in_flight),
+            "requeued": list(self.requeued),
             "dropped_task_ids": list(self.dropped_task_ids),
             "carry": held(self.carry),
             "candidates": held(self.candidates),
@@ -925,6 +1003,9 @@ class OrchestratorCore:
             self.last_round = dict(state["last_round"]) if state["last_round"] else None
         else:  # version 1: epoch order only, no estimates
             self.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
+        self.rounds_submitted = int(state.get("rounds_submitted", self.rounds_started))
+        self.in_flight = list(state.get("in_flight", []))
+        self.requeued = list(state.get("requeued", []))
         self.dropped_task_ids = list(state["dropped_task_ids"])
 
         def held(items: list) -> list[Group]:

@@ -202,3 +202,29 @@ def run_episodes(
     """
     return run_lockstep(tasks, n, act, env=_FrozenLake(), max_steps=max_steps, round_tag=round_tag,
                         model_version=model_version, choices=choices)
+
+
+def trinity_taskset_rows(count: int, *, size: int = 4, p: float = 0.8, first_seed: int = 0) -> list[dict[str, Any]]:
+    """Rows of a taskset for Trinity-RFT's ``frozen_lake_workflow`` (its ``raw_task`` fields).
+
+    Trinity's workflow draws the map itself from ``(size, p, seed)`` (its own
+    ``generate_random_map``, which also checks the goal is reachable within ``env_max_steps``),
+    so a row is just those three numbers; row k uses ``seed = first_seed + k``.
+
+    Args:
+        count: number of rows, >= 1.
+        size: grid side, >= 2.
+        p: probability that a cell is frozen, in (0, 1].
+        first_seed: seed of the first row.
+    Returns:
+        ``[{"seed": int, "size": int, "p": float}, ...]``, ``count`` rows.
+    Raises:
+        ValueError: an argument out of range (named).
+    """
+    if count < 1:
+        raise ValueError(f"count: must be >= 1, got {count}")
+    if size < 2:
+        raise ValueError(f"size: must be >= 2, got {size}")
+    if not 0 < p <= 1:
+        raise ValueError(f"p: must be in (0, 1], got {p}")
+    return [{"seed": first_seed + k, "size": size, "p": p} for k in range(count)]

@@ -71,6 +71,14 @@ class PolicyConflictError(ValueError):
     """A policy write based on a stale revision (the REST layer maps it to 409)."""
 
 
+class PinnedPolicyError(PolicyConflictError):
+    """A policy write that would change a field an attached run has pinned (409, naming the field)."""
+
+
+class RunConflictError(RuntimeError):
+    """A second run (or a different task set) tried to attach to an orchestrator that serves another run."""
+
+
 def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
     """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
 
@@ -144,6 +152,8 @@ class Orchestrator(AnchorLifecycle):
         self.ready: list[Batch] = []
         self._batch_started: float | None = None
         self.training: dict = {}  # the last report_training row
+        # the Trinity run this orchestrator serves (attach_run): run id, pinned policy fields, sessions
+        self.attachment: dict[str, Any] = {}
         self._lock = asyncio.Lock()
         self._committing = False  # a commit is being written in a worker thread
         self._commit_again = False  # something changed meanwhile: commit once it is done
@@ -178,6 +188,7 @@ class Orchestrator(AnchorLifecycle):
         self.core.load_state_dict(saved.state, saved.groups)
         self._anchor_load_state_dict(saved.state)
         self._anchor_guard = saved.state.get("anchor_guard")
+        self.attachment = dict(saved.state.get("attachment") or {})
         self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
         self._new_seen, self._new_batches, self._handed = {}, [], []
         log.warning(
@@ -206,6 +217,7 @@ class Orchestrator(AnchorLifecycle):
         held = {g.key: g for g in self.core.held_groups()}
         state = self.core.state_dict(payloads=False)
         state.update(self._anchor_state_dict())
+        state["attachment"] = dict(self.attachment)
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
         change = Change(
@@ -407,7 +419,8 @@ class Orchestrator(AnchorLifecycle):
         for i, part in enumerate(parts):
             part_groups = [g for g, _ in part]
             checked = [c for _, c in part] if on_invalid == "raise" else None
-            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked)
+            # the slices of one call are one round
+            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked, new_round=i == 0)
             for g in part_groups:
                 self._seen[g.key] = self._new_seen[g.key] = g.reason
             while (batch := self.core.try_emit()) is not None:
@@ -503,6 +516,77 @@ class Orchestrator(AnchorLifecycle):
             self._checkpoint()
             return tasks
 
+    async def next_tasks(self, count: int) -> list[str]:
+        """``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``;
+        fewer, or none, at the end of data)."""
+        async with self._lock:
+            tasks = self.core.next_tasks(count)
+            self._checkpoint()
+            return tasks
+
+    # ------------------------------------------------------------- attached runs
+    async def attach_run(self, run: str, *, session: str, role: str, num_tasks: int | None = None,
+                         pinned: dict | None = None, pinned_by: str = "") -> dict:
+        """Attach a component of a Trinity run (its task selector or pipeline operator).
+
+        One orchestrator serves one run: the first attach binds it (and is checkpointed);
+        later attaches of the same run - the other component, or the same run resumed after
+        an explorer restart - are accepted. A new ``session`` of the selector means a new
+        explorer process: the tasks the previous one took but never returned are handed out
+        again first (none re-rolled that came back, none skipped).
+
+        ``pinned`` fields (``group_size``, ``target_groups``: what Trinity's trainer batch size
+        is built from) are set in the policy now and refused afterwards by :meth:`set_policy`.
+
+        Args:
+            run: the run's id (``<project>/<name>``).
+            session: one id per explorer process (the selector makes one at start).
+            role: ``"selector"`` or ``"operator"`` (for the log and the returned record).
+            num_tasks: rows of the run's training taskset (None: not checked).
+            pinned: policy fields the run depends on.
+            pinned_by: why, for error messages (e.g. the Trinity fields they come from).
+        Returns:
+            ``{"run", "pinned", "requeued": [task ids handed out again]}``.
+        Raises:
+            RunConflictError: the orchestrator serves another run, or its task set has another size.
+            InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
+        """
+        async with self._lock:
+            return self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
+
+    def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
+                    pinned_by: str) -> dict:
+        bound = self.attachment.get("run")
+        if bound is not None and bound != run:
+            raise RunConflictError(
+                f"run: orchestrator serves run {bound!r}; run {run!r} must use its own actor_name "
+                "(one orchestrator per run, so that each run's groups, history and metrics stay apart)"
+            )
+        if num_tasks is not None and len(self.core.task_ids) != int(num_tasks):
+            raise RunConflictError(
+                f"num_tasks: run {run!r} has {num_tasks} tasks but this orchestrator was created with "
+                f"{len(self.core.task_ids)}; use another actor_name or delete its checkpoint"
+            )
+        pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
+        changes = {k: v for k, v in pinned.items() if getattr(self.core.policy, k) != v}
+        self.attachment.update(run=run, pinned=pinned, pinned_by=pinned_by)
+        if changes:
+            self._apply_policy(self.core.policy.updated(changes), changes)
+        requeued: list[str] = []
+        if role == "selector" and self.attachment.get("selector_session") != session:
+            if self.attachment.get("selector_session") is not None:
+                requeued = self.core.requeue_in_flight()
+                log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
+                            run, session, len(requeued))
+            self.attachment["selector_session"] = session
+        log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
+        self._checkpoint()
+        return {"run": run, "pinned": dict(pinned), "requeued": requeued}
+
+    def attachment_info(self) -> dict:
+        """The attached run, its pinned policy fields and their reason (``{}`` when none)."""
+        return dict(self.attachment)
+
     # ------------------------------------------------------------- policy & views
     @ray.method(max_task_retries=RETRIES)
     def get_policy(self) -> dict:
@@ -531,6 +615,18 @@ class Orchestrator(AnchorLifecycle):
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
         check_judge(new, self.rollout_source)
+        pinned = self.attachment.get("pinned") or {}
+        broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
+                  for k, v in pinned.items() if getattr(new, k) != v]
+        if broken:
+            raise PinnedPolicyError(
+                "; ".join(broken) + f" ({self.attachment.get('pinned_by') or 'the trainer batch size depends on it'}); "
+                "the policy is unchanged"
+            )
+        self._apply_policy(new, changes)
+        return self.get_policy()
+
+    def _apply_policy(self, new: ResamplingPolicy, changes: dict) -> None:
         try:
             self.core.set_policy(new)
         except ValueError as err:
@@ -538,7 +634,6 @@ class Orchestrator(AnchorLifecycle):
         log.info("policy revision %d: %s", self.core.policy_revision, changes)
         self._checkpoint()
         self._observe()
-        return self.get_policy()
 
     async def pause_replenish(self) -> dict:
         return await self.set_policy({"replenish_paused": True})
@@ -576,7 +671,7 @@ class Orchestrator(AnchorLifecycle):
         return self.core.task_stats(task_id)
 
     def state_dict(self) -> dict:
-        return self.core.state_dict(payloads=False)
+        return {**self.core.state_dict(payloads=False), "attachment": dict(self.attachment)}
 
     def ping(self) -> str:
         self._start_watch()

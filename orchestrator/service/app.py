@@ -20,7 +20,9 @@ Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is 
 
 Policy writes: each accepted change bumps the revision, is logged (by the actor and here,
 with the client address) and applies from the next round. ``If-Match: "<revision>"`` makes
-the write conditional: a stale revision gets 409 and changes nothing. Invalid values get 422
+the write conditional: a stale revision gets 409 and changes nothing. A change of a field that an
+attached Trinity run has pinned (``group_size``, ``target_groups``: its trainer's batch size is built
+from them) gets 409 ``policy_pinned`` naming the field, and changes nothing. Invalid values get 422
 naming the field; malformed JSON 400; an oversized body 413; a body on a wrong content type
 415. Errors have one shape, :class:`ErrorResponse`.
 
@@ -47,7 +49,7 @@ from orchestrator.core.errors import describe_errors, field_path, short_repr
 from orchestrator.core.policy import InvalidPolicyError
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
-from orchestrator.service.actor import OrchestratorUnavailable, PolicyConflictError
+from orchestrator.service.actor import OrchestratorUnavailable, PinnedPolicyError, PolicyConflictError
 from orchestrator.service.api import (
     ErrorResponse,
     Health,
@@ -257,6 +259,10 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     @app.exception_handler(InvalidPolicyError)
     async def _invalid(request: Request, exc: InvalidPolicyError) -> JSONResponse:
         return _error(422, "invalid_policy", _cause(exc))
+
+    @app.exception_handler(PinnedPolicyError)
+    async def _pinned(request: Request, exc: PinnedPolicyError) -> JSONResponse:
+        return _error(409, "policy_pinned", _cause(exc))
 
     @app.exception_handler(PolicyConflictError)
     async def _conflict(request: Request, exc: PolicyConflictError) -> JSONResponse:

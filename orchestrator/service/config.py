@@ -18,9 +18,10 @@ class ComponentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["scripted", "default", "factory", "none"] = Field(
+    kind: Literal["scripted", "default", "index", "factory", "none"] = Field(
         "scripted",
-        description="tasks: 'scripted' (bare ids t0..), 'default' (orchestrator.tasks.generators.default_task_set), 'factory'. "
+        description="tasks: 'scripted' (bare ids t0..), 'default' (orchestrator.tasks.generators.default_task_set), "
+        "'index' (ids '0'..'count-1': the rows of a Trinity run's taskset, which then attaches), 'factory'. "
         "rollout: 'scripted' (scripted rewards), 'factory', or 'none' (groups are submitted from outside).",
     )
     count: int = Field(64, ge=1, description="scripted tasks: number of task ids t0..t{count-1}.")
@@ -99,6 +100,10 @@ def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
     t = cfg.tasks
     if t.kind == "scripted":
         task_set = ScriptedTasks(t.ids or [f"t{i}" for i in range(t.count)])
+    elif t.kind == "index":
+        from orchestrator.tasks.taskset import IndexTaskSet
+
+        task_set = IndexTaskSet.of_size(t.count)
     elif t.kind == "default":
         from orchestrator.tasks.generators import default_task_set
 

@@ -38,7 +38,7 @@ dso_groups_held                          gauge      groups held now (carry pool 
 dso_groups_carried                       gauge      informative groups carried over (carry pool)
 dso_rollouts_total{purpose}              counter    rollouts generated, purpose initial | replenish
 dso_rollouts_wasted_total                counter    rollouts of dropped or padding groups
-dso_replenish_rounds_total               counter    replenish rounds started
+dso_replenish_rounds_total               counter    replenish rounds (submissions into a batch after its first)
 dso_batches_total                        counter    batches emitted
 dso_batches_partial_total                counter    batches emitted flagged partial
 dso_cap_hits_total                       counter    batches closed at the replenish-round cap
@@ -261,7 +261,7 @@ class DSOMetrics:
             "groups_carried": Gauge(f"{p}_groups_carried", "Informative groups carried over to the next batch (carry pool).", registry=r),
             "rollouts": Counter(f"{p}_rollouts", "Rollouts generated, by purpose (initial or replenish round).", ["purpose"], registry=r),
             "rollouts_wasted": Counter(f"{p}_rollouts_wasted", "Rollouts of dropped or padding groups.", registry=r),
-            "replenish_rounds": Counter(f"{p}_replenish_rounds", "Replenish rounds started.", registry=r),
+            "replenish_rounds": Counter(f"{p}_replenish_rounds", "Replenish rounds: submissions into a batch that already had one (counted the same with or without Trinity).", registry=r),
             "batches": Counter(f"{p}_batches", "Train batches emitted.", registry=r),
             "batches_partial": Counter(f"{p}_batches_partial", "Train batches emitted flagged partial.", registry=r),
             "cap_hits": Counter(f"{p}_cap_hits", "Batches closed at the replenish-round cap.", registry=r),

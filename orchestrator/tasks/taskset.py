@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from orchestrator.core.types import InvalidTaskError, Task, UnknownTaskError
 from orchestrator.tasks.scoring import score_response
@@ -64,3 +65,21 @@ class TaskSet:
         return score_response(task, response_text)
 
 
+@dataclass
+class IndexTaskSet:
+    """The task set of a Trinity-driven orchestrator: ids only (Trinity owns the prompts).
+
+    Attributes:
+        task_ids: ``"0" .. str(N - 1)``, the rows of the training taskset.
+    """
+
+    task_ids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of_size(cls, n: int) -> IndexTaskSet:
+        if n <= 0:
+            raise ValueError(f"num_tasks: must be > 0, got {n}")
+        return cls([str(i) for i in range(n)])
+
+    def get(self, task_id: str):
+        raise LookupError(f"task {task_id!r}: Trinity's explorer owns the prompts; this orchestrator has no rollout source")

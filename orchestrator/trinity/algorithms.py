@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from trinity.algorithm.algorithm import AlgorithmType
 
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.attach import AttachConfig
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.registry import (
     GIGPO_ADVANTAGE_CLASS_PATH,
     GRPO_ADVANTAGE_CLASS_PATH,
+    INDEX_ADVANTAGE_CLASS_PATH,
+    INDEX_ADVANTAGE_NAME,
     LOSS_CLASS_PATH,
     OPERATOR_CLASS_PATH,
     OPERATOR_NAME,
@@ -25,17 +29,40 @@ def _is_ours(name: str | None, short: str, dotted: str) -> bool:
     return bool(name) and (name == short or name == dotted)
 
 
+ATTACH_KEYS = frozenset(AttachConfig.model_fields)
+
+
+def _sync_style(config: Any) -> str:
+    style = config.synchronizer.sync_style
+    return str(getattr(style, "value", style)).lower()
+
+
+def _sync_method(config: Any) -> str:
+    method = config.synchronizer.sync_method
+    return str(getattr(method, "value", method)).lower()
+
+
 def configure_orchestrated_run(config: Any) -> None:
     """Fill and cross-check the orchestrator settings of a Trinity ``Config``, in place.
 
     Called from :meth:`DsoDAPOAlgorithm.check_config` / :meth:`DsoGiGPOAlgorithm.check_config`
-    (that is, from Trinity's ``AlgorithmConfigValidator``). The orchestrator's resampling policy
-    may be given in the operator's ``args.policy`` and in the selector's ``kwargs.policy``
-    (whichever component starts first creates the actor with it). For each:
+    (Trinity's ``AlgorithmConfigValidator``, after ``checkpoint_job_dir`` is known and before
+    ``buffer.train_batch_size`` gets its default). The orchestrator settings
+    (:class:`~orchestrator.trinity.attach.AttachConfig`) may be written in the operator's
+    ``args`` and in the selector's ``kwargs``; they are merged (the same key with two different
+    values is refused), completed and written back to both, so whichever component starts
+    first creates the one actor with the same settings:
 
-    * ``group_size`` defaults to ``algorithm.repeat_times`` and must equal it;
-    * ``target_groups`` defaults to ``buffer.train_batch_size // repeat_times`` when
-      ``train_batch_size`` is set (single-turn), else to ``buffer.batch_size``.
+    * ``run`` = ``<project>/<name>``; ``checkpoint_path`` = ``<checkpoint_job_dir>/dso/orchestrator.json``;
+      ``held_dir`` = ``<checkpoint_job_dir>/dso/held`` (the actor and the held experiences
+      survive an explorer restart, and Trinity's resume continues from them);
+    * ``policy.group_size`` = ``algorithm.repeat_times``; ``policy.target_groups`` defaults to
+      ``buffer.train_batch_size / repeat_times`` when ``train_batch_size`` is set, else to
+      ``buffer.batch_size`` (Trinity then sets ``train_batch_size = batch_size x repeat_times``).
+      Both are *pinned*: the actor refuses a live change of them (REST 409), since the trainer
+      reads exactly ``train_batch_size`` experiences per step;
+    * with ``advantage_fn: dso_gigpo_index``: its ``actor_name`` / ``namespace`` / ``group_size``
+      are set to the orchestrator's, and the orchestrator must have an ``anchor_index``.
 
     With ``algorithm.loss_agg_mode`` token-mean (DAPO Eq. 12) it also sets
     ``trainer.fix_actor_microbatch_loss_scale = True``: Trinity then scales each micro-batch's
@@ -44,44 +71,102 @@ def configure_orchestrated_run(config: Any) -> None:
     (Trinity's default, ``1 / gradient_accumulation``, weights short micro-batches' tokens up).
 
     Raises:
-        ValueError: no ``dso_orchestrator`` operator in
-            ``data_processor.experience_pipeline.operators`` (an orchestrated algorithm without
-            its orchestrator would silently train on unfiltered groups), or ``group_size``
-            differs from ``algorithm.repeat_times`` (the message names field and values).
+        ValueError, naming the fields and values: no ``dso_orchestrator`` operator in
+            ``data_processor.experience_pipeline.operators``; conflicting settings;
+            ``group_size`` != ``repeat_times``; ``target_groups x repeat_times !=
+            train_batch_size``; ``dso_gigpo_index`` without an anchor index; ``mode: both``
+            with a synchronisation that waits for the trainer at fixed steps (``sync_style``
+            other than ``trainer_driven`` with ``sync_method: nccl``, or ``fully_async``): the
+            trainer waits for a batch the filter has not released yet while the explorer waits
+            for the trainer.
     """
     algo = config.algorithm
     n = int(algo.repeat_times)
     if (algo.loss_agg_mode or "token-mean") == "token-mean" and getattr(config, "trainer", None) is not None:
         config.trainer.fix_actor_microbatch_loss_scale = True
-    ops = [op for op in config.data_processor.experience_pipeline.operators if _is_ours(op.name, OPERATOR_NAME, OPERATOR_CLASS_PATH)]
+    pipeline_ops = config.data_processor.experience_pipeline.operators
+    ops = [op for op in pipeline_ops if _is_ours(op.name, OPERATOR_NAME, OPERATOR_CLASS_PATH)]
     if not ops:
         raise ValueError(
             f"data_processor.experience_pipeline.operators: algorithm_type {algo.algorithm_type!r} needs the "
-            f"{OPERATOR_NAME!r} operator (got {[op.name for op in config.data_processor.experience_pipeline.operators]})"
+            f"{OPERATOR_NAME!r} operator (got {[op.name for op in pipeline_ops]})"
         )
-    if config.buffer.train_batch_size and config.buffer.train_batch_size % n == 0:
-        default_target = config.buffer.train_batch_size // n
-    else:
-        default_target = config.buffer.batch_size
-    policies: list[tuple[str, dict]] = []
-    for i, op in enumerate(ops):
-        op.args = dict(op.args or {})
-        op.args["policy"] = dict(op.args.get("policy") or {})
-        policies.append((f"data_processor.experience_pipeline.operators[{i}].args.policy", op.args["policy"]))
+    places: list[tuple[str, Any, str]] = [
+        (f"data_processor.experience_pipeline.operators[{i}].args", op, "args") for i, op in enumerate(ops)
+    ]
     tasksets = list(config.buffer.explorer_input.tasksets or [])
     if config.buffer.explorer_input.taskset is not None:
         tasksets.append(config.buffer.explorer_input.taskset)
     for ts in tasksets:
         sel = ts.data_selector
         if sel is not None and _is_ours(sel.selector_type, SELECTOR_NAME, SELECTOR_CLASS_PATH):
-            sel.kwargs = dict(sel.kwargs or {})
-            sel.kwargs["policy"] = dict(sel.kwargs.get("policy") or {})
-            policies.append((f"buffer.explorer_input.taskset[{ts.name!r}].data_selector.kwargs.policy", sel.kwargs["policy"]))
-    for where, policy in policies:
-        policy.setdefault("group_size", n)
-        policy.setdefault("target_groups", int(default_target))
-        if int(policy["group_size"]) != n:
-            raise ValueError(f"{where}.group_size: {policy['group_size']} differs from algorithm.repeat_times={n}")
+            places.append((f"buffer.explorer_input.taskset[{ts.name!r}].data_selector.kwargs", sel, "kwargs"))
+
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for where, obj, attr in places:
+        given = dict(getattr(obj, attr) or {})
+        unknown = sorted(set(given) - ATTACH_KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown orchestrator setting(s) {unknown} (known: {sorted(ATTACH_KEYS)})")
+        for key, value in given.items():
+            if key in merged and merged[key] != value:
+                raise ValueError(f"{where}.{key}: {value!r} differs from {origin[key]}.{key}: {merged[key]!r}")
+            merged.setdefault(key, value)
+            origin.setdefault(key, where)
+
+    job_dir = getattr(config, "checkpoint_job_dir", None) or config.get_checkpoint_job_dir()
+    merged.setdefault("run", "/".join(p for p in (config.project, config.group, config.name) if p))
+    merged.setdefault("checkpoint_path", os.path.join(job_dir, "dso", "orchestrator.json"))
+    merged.setdefault("held_dir", os.path.join(job_dir, "dso", "held"))
+    policy = dict(merged.get("policy") or {})
+    where_policy = f"{origin.get('policy', places[0][0])}.policy"
+    if int(policy.get("group_size", n)) != n:
+        raise ValueError(f"{where_policy}.group_size: {policy['group_size']} differs from algorithm.repeat_times={n}")
+    tbs = int(config.buffer.train_batch_size or 0)
+    if "target_groups" in policy:
+        target = int(policy["target_groups"])
+    else:
+        target = tbs // n if tbs else int(config.buffer.batch_size)
+    if tbs and target * n != tbs:
+        raise ValueError(
+            f"{where_policy}.target_groups x algorithm.repeat_times = {target} x {n} = {target * n} but "
+            f"buffer.train_batch_size = {tbs}: the trainer reads train_batch_size experiences per step, "
+            "so the orchestrator's batches must have exactly that many"
+        )
+    policy.update(group_size=n, target_groups=target)
+    merged["policy"] = policy
+    merged["pinned"] = {"group_size": n, "target_groups": target}
+    merged["pinned_by"] = (
+        f"the trainer reads buffer.train_batch_size = target_groups x algorithm.repeat_times = {target} x {n} "
+        "experiences per step"
+    )
+    cfg = AttachConfig.parse(merged, places[0][0])
+    cfg.resampling_policy()  # an invalid policy fails here, at config time
+    settings = cfg.model_dump(mode="json")
+    for _, obj, attr in places:
+        setattr(obj, attr, dict(settings))
+
+    if algo.advantage_fn in (INDEX_ADVANTAGE_NAME, INDEX_ADVANTAGE_CLASS_PATH):
+        args = dict(algo.advantage_fn_args or {})
+        if cfg.anchor_index is None and not args.get("redis_url"):
+            raise ValueError(
+                f"algorithm.advantage_fn: {INDEX_ADVANTAGE_NAME!r} needs the orchestrator's anchor index: set "
+                f"{places[0][0]}.anchor_index (e.g. {{redis_url: redis://host:6379/0, prefix: dso:<run>}}, or {{}} "
+                "for one in the actor's memory)"
+            )
+        args.update(actor_name=cfg.actor_name, namespace=cfg.namespace, group_size=n)
+        algo.advantage_fn_args = args
+
+    mode = str(getattr(config, "mode", "both"))
+    if mode in ("both", "colocate"):
+        style, method = _sync_style(config), _sync_method(config)
+        if not (style == "fully_async" or (style == "trainer_driven" and method == "nccl")):
+            raise ValueError(
+                f"synchronizer.sync_style: {style!r} with sync_method {method!r} can stall an orchestrated run: "
+                "at each sync step the explorer waits for the trainer, which waits for a batch the filter has not "
+                "released yet. Use sync_style: trainer_driven with sync_method: nccl, or sync_style: fully_async"
+            )
 
 
 # ---------------------------------------------------------------------------------- algorithms

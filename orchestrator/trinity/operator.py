@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import torch
 from trinity.buffer.operators import ExperienceOperatorV1
@@ -13,8 +16,13 @@ from algos.dapo import GroupReason
 from orchestrator.core.machine import DataExhaustedError
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
-from orchestrator.service.actor import DEFAULT_NAME, get_or_create_orchestrator
-from orchestrator.trinity.attach import IndexTaskSet, _namespace, find_orchestrator, trinity_task_id
+from orchestrator.trinity.attach import (
+    AttachConfig,
+    create_orchestrator,
+    find_orchestrator_async,
+    new_session,
+    trinity_task_id,
+)
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -49,51 +57,87 @@ class OrchestratorOperator(ExperienceOperatorV1):
     is > 0 and that many rounds after the first passed without a release, the operator closes
     the open batch (``close_batch``: pad, partial or raise per ``policy.on_cap``).
 
-    Args:
-        actor_name: the actor's name (default ``dso-orchestrator``).
-        namespace: its Ray namespace; default the pipeline's own (the Trinity run's).
-        policy: resampling policy fields, used only if this operator creates the actor.
-        num_tasks: size of the training taskset; needed only to create the actor here.
-        lookup_timeout_s: how long to wait for the actor to appear, in seconds.
-        seed: seed of the actor's task order (only when created here).
+    Held groups survive an explorer restart: the experiences of every submitted rollout are
+    written to ``held_dir`` (Trinity's ``Experience.serialize_many``, one file per rollout)
+    before the actor sees it, and deleted when released or dropped. A group carried over by
+    the actor is then released by the next explorer process from that file; its ``eid.batch``
+    gets ``@<session>`` appended, so that it never shares an ``eid.tid`` (the GRPO grouping key)
+    with a group of the new process, which numbers its explore steps from its checkpoint again.
+
+    Args (the pipeline's ``operators[...].args``): an
+        :class:`~orchestrator.trinity.attach.AttachConfig` (``actor_name``, ``namespace``,
+        ``policy``, ``held_dir``, ...), filled by ``configure_orchestrated_run``. With
+        ``num_tasks`` the operator creates the actor when absent; without, it waits up to
+        ``lookup_timeout_s`` for the selector (or ``trinity-dso serve``) to create it.
     Raises:
         OrchestratorNotFoundError: at the first call, no actor and no ``num_tasks``.
+        orchestrator.service.actor.RunConflictError: the actor serves another run.
         orchestrator.core.machine.ReplenishCapError: cap hit under ``on_cap="raise"``.
     """
 
-    def __init__(
-        self,
-        actor_name: str = DEFAULT_NAME,
-        namespace: str | None = None,
-        policy: dict | None = None,
-        num_tasks: int | None = None,
-        lookup_timeout_s: float = 60.0,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        self.actor_name = actor_name
-        self.namespace = namespace
-        self.policy = ResamplingPolicy.parse(dict(policy or {}))
-        self.num_tasks = num_tasks
-        self.lookup_timeout_s = float(lookup_timeout_s)
-        self.seed = seed
+    def __init__(self, **kwargs: Any) -> None:
+        self.settings = AttachConfig.parse(kwargs, "operators[dso_orchestrator].args")
+        self.policy = self.settings.resampling_policy()
+        self.session = new_session()
+        self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
-        self._payload: dict[str, list[TrinityExperience]] = {}  # rid -> steps (sorted)
-        self._held_dropped: set[str] = set()  # rids of non-informative groups (padding candidates)
+        self._payload: dict[str, list[TrinityExperience]] = {}  # held key -> steps (sorted)
+        self._held_dropped: set[str] = set()  # keys of non-informative groups (padding candidates)
         self._rounds_open = 0  # explore steps submitted since the last release
         self.auxiliary_models = {}
 
-    def actor(self) -> Any:
-        """The orchestrator actor handle (looked up once, created when ``num_tasks`` is given)."""
+    async def actor(self) -> Any:
+        """The orchestrator actor (created with ``num_tasks``, else looked up), attached to the run once."""
         if self._actor is None:
-            if self.num_tasks:
-                self._actor = get_or_create_orchestrator(
-                    self.policy, IndexTaskSet.of_size(int(self.num_tasks)), seed=self.seed,
-                    name=self.actor_name, namespace=_namespace(self.namespace),
-                )
+            cfg = self.settings
+            if cfg.num_tasks:
+                actor = create_orchestrator(cfg, cfg.num_tasks)
             else:
-                self._actor = find_orchestrator(self.actor_name, self.namespace, timeout_s=self.lookup_timeout_s)
+                actor = await find_orchestrator_async(cfg.actor_name, cfg.namespace, timeout_s=cfg.lookup_timeout_s)
+            await actor.attach_run.remote(
+                cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
+                pinned=dict(cfg.pinned), pinned_by=cfg.pinned_by,
+            )
+            self._actor = actor
         return self._actor
+
+    # ------------------------------------------------------------- held experiences
+    def _file(self, key: str) -> Path | None:
+        return self.held_dir / (quote(key, safe="") + ".bin") if self.held_dir is not None else None
+
+    def _hold(self, payload: dict[str, list[TrinityExperience]]) -> None:
+        self._payload.update(payload)
+        if self.held_dir is None:
+            return
+        self.held_dir.mkdir(parents=True, exist_ok=True)
+        for key, steps in payload.items():
+            path = self._file(key)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(TrinityExperience.serialize_many(steps))
+            os.replace(tmp, path)
+
+    def _take(self, key: str, task_id: str) -> list[TrinityExperience]:
+        steps = self._payload.pop(key, None)
+        path = self._file(key)
+        if steps is None and path is not None and path.exists():
+            steps = TrinityExperience.deserialize_many(path.read_bytes())
+            session = key.split(":", 1)[0]
+            for s in steps:  # never share an eid.tid with a group of this process
+                s.eid.batch = f"{s.eid.batch}@{session}"
+        if path is not None:
+            path.unlink(missing_ok=True)
+        if steps is None:
+            raise KeyError(
+                f"trinity_rid: no experiences held for {key!r} (task {task_id!r}); set held_dir to a path "
+                "that survives an explorer restart"
+            )
+        return steps
+
+    def _forget(self, key: str) -> None:
+        self._payload.pop(key, None)
+        path = self._file(key)
+        if path is not None:
+            path.unlink(missing_ok=True)
 
     @staticmethod
     def summarise(task_id: str, steps: list[TrinityExperience]) -> Experience:
@@ -137,8 +181,10 @@ class OrchestratorOperator(ExperienceOperatorV1):
             rollouts = []
             for rid in rids:
                 steps = sorted(runs[rid], key=lambda s: int(s.eid.step))
-                payload[rid] = steps
-                rollouts.append(self.summarise(task_id, steps))
+                summary = self.summarise(task_id, steps)
+                summary.info["trinity_rid"] = key = f"{self.session}:{rid}"
+                payload[key] = steps
+                rollouts.append(summary)
             rollouts.sort(key=lambda r: r.eid.run)
             version = min(r.info["model_version"] for r in rollouts)  # the oldest member: staleness is per member
             groups.append(Group(task_id=task_id, rollouts=rollouts, model_version=version, round=self._rounds_open))
@@ -149,14 +195,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
         out: list[TrinityExperience] = []
         for g in batch.groups:
             for r in g.rollouts:
-                rid = r.info["trinity_rid"]
-                steps = self._payload.pop(rid, None)
-                if steps is None:
-                    raise KeyError(
-                        f"trinity_rid: no experiences held for {rid!r} (task {g.task_id!r}); the pipeline "
-                        "restarted while the orchestrator kept this group"
-                    )
-                self._held_dropped.discard(rid)
+                key = r.info["trinity_rid"]
+                steps = self._take(key, g.task_id)
+                self._held_dropped.discard(key)
                 for s in steps:
                     s.info["dso_batch_id"] = int(batch.batch_id)
                     s.info["dso_reason"] = g.reason
@@ -166,18 +207,20 @@ class OrchestratorOperator(ExperienceOperatorV1):
                             s.action_mask = torch.zeros_like(s.action_mask)
                 out.extend(steps)
         # padding candidates not used are dropped by the core at each release
-        for rid in self._held_dropped:
-            self._payload.pop(rid, None)
+        for key in self._held_dropped:
+            self._forget(key)
         self._held_dropped.clear()
         return out
 
     async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
-        actor = self.actor()
+        actor = await self.actor()
+        # the live policy (a REST change of the cap or filter applies from this step on)
+        self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
         groups, payload, incomplete = self.to_groups(exps)
         labels: list[str] = []
         if groups:
+            self._hold(payload)  # on disk before the actor holds the groups
             labels = await actor.submit_groups.remote(groups, on_invalid="drop")
-            self._payload.update(payload)
             for g, label in zip(groups, labels):
                 if label != GroupReason.INFORMATIVE.label:
                     self._held_dropped.update(r.info["trinity_rid"] for r in g.rollouts)

@@ -22,6 +22,7 @@ INDEX_ADVANTAGE_NAME = "dso_gigpo_index"
 # process (explorer, pipeline, trainer workers) whether or not a plugin shim was loaded there.
 LOSS_CLASS_PATH = "orchestrator.trinity.loss.DsoClipHigherPolicyLossFn"
 GIGPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOAdvantageFn"
+INDEX_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn"
 GRPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGRPOAdvantageFn"
 
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any
 
-import ray
-
-from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, get_or_create_orchestrator
-from orchestrator.trinity.attach import IndexTaskSet, _namespace
+from orchestrator.trinity.attach import AttachConfig, attach_args, create_orchestrator, new_session
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -21,82 +18,99 @@ class OrchestratorTaskSelector:
     (``get_indices``, ``feedback``, ``state_dict``, ``load_state_dict``) without subclassing
     it, so this module imports without Trinity's file reader (which needs ``datasets``).
 
-    Each ``get_indices(batch_size)`` (one explore step) hands out exactly ``batch_size`` tasks
-    (Trinity reads a fixed number per step): first those left over from earlier plans, then
-    the tasks of a new ``plan_round`` of the actor (with ``replenish="same_tasks"`` the tasks
-    dropped in the open batch come first, then tasks of the policy's ``selection``: ``epoch``
-    order minus those in a history cooldown, ``skip_after_all_correct`` /
-    ``skip_after_all_wrong``, or ``informative`` draws by predicted informativeness, the round
-    sized from the drawn tasks' predicted keep rate), topped up with ``select_tasks`` when a
-    plan is short. A plan larger than ``batch_size`` is spread over the
-    next explore steps (kept in ``pending`` and in ``state_dict``), so no planned task is lost
-    from the epoch order.
+    At construction it creates the orchestrator actor when absent (detached, checkpointed,
+    with metrics: every setting from ``config.kwargs``, an :class:`AttachConfig`) and attaches
+    the run to it with a new session id. Each ``get_indices(batch_size)`` (one explore step)
+    returns exactly ``batch_size`` tasks (Trinity reads a fixed number per step) from the
+    actor's ``next_tasks``: tasks a previous explorer process took but never returned first,
+    then with ``replenish="same_tasks"`` this batch's dropped tasks, then fresh tasks of the policy's
+    ``selection`` (``epoch`` order minus those in a history cooldown, or ``informative`` draws).
 
-    Creates the actor (named ``actor_name`` in the run's namespace, task ids ``"0" .. N-1``)
-    when it does not exist yet.
+    The task frontier lives in the actor's checkpoint, not in Trinity's explorer checkpoint
+    (which is written only at weight syncs and so lags behind): after a restart the actor
+    knows which tasks came back (consumed: never handed out again in this epoch) and which
+    did not (handed out again first). ``state_dict`` therefore only reports a count.
+
+    No blocking in the explorer's event loop: Trinity calls ``get_indices`` synchronously from
+    inside its async taskset ``read`` (``FileReader._read_sync``), where a ``ray.get`` would
+    stall the loop. So the tasks of the next step are requested one step ahead (an object ref
+    whose result has long arrived when the next step reads it); only an explorer's first step
+    waits for its tasks. The cost: the orchestrator picks each step's tasks one step
+    earlier (same-task re-rolls and skip rules act one step later), and the step reserved
+    after the last one stays "in flight" in the actor until a resumed run takes it first.
 
     Args:
         data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
-        config: Trinity's ``DataSelectorConfig``; ``config.seed`` seeds the task order and
-            ``config.kwargs`` may hold ``actor_name``, ``namespace`` and ``policy``.
+        config: Trinity's ``DataSelectorConfig``; ``config.seed`` seeds the task order (unless
+            ``kwargs.seed`` is set) and ``config.kwargs`` is an :class:`AttachConfig`.
+    Raises:
+        ValueError: invalid ``kwargs`` (the field is named).
+        orchestrator.service.actor.RunConflictError: the actor serves another run.
     """
 
     def __init__(self, data_source: Any, config: Any) -> None:
         kwargs = dict(getattr(config, "kwargs", None) or {})
+        kwargs.setdefault("seed", int(getattr(config, "seed", 0) or 0))
+        self.settings = AttachConfig.parse(kwargs, "data_selector.kwargs")
         self.dataset_size = int(data_source.dataset_size)
-        self.actor_name = kwargs.get("actor_name", DEFAULT_NAME)
-        self.namespace = kwargs.get("namespace")
-        policy = ResamplingPolicy.parse(dict(kwargs.get("policy") or {}))
-        self.actor = get_or_create_orchestrator(
-            policy, IndexTaskSet.of_size(self.dataset_size), seed=int(getattr(config, "seed", 0) or 0),
-            name=self.actor_name, namespace=_namespace(self.namespace),
-        )
+        self.session = new_session()
+        self.actor = create_orchestrator(self.settings, self.dataset_size)
+        run = self.settings.run or "trinity-run"
+        # once, at the explorer's start (before its loop runs a step)
+        self.attached = self.actor.attach_run.remote(
+            run, **attach_args(self.settings, "selector", self.session, self.dataset_size)
+        ).future().result(timeout=self.settings.actor_timeout_s)
+        if self.attached["requeued"]:
+            log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
-        self.pending: list[str] = []  # planned task ids not yet handed out
-        self._last_plan: dict = {}
+        self._ahead: tuple[int, Future] | None = None  # (count, tasks of the next step)
+
+    def _request(self, count: int) -> Future:
+        return self.actor.next_tasks.remote(int(count)).future()
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
         """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.
 
-        Leftovers of earlier plans first; a new ``plan_round`` only when they do not fill the
-        step; ``select_tasks`` tops up a short plan. Extra info: the latest plan's
-        ``purpose``, ``round`` and ``batch_id``. At the end of data (the actor's ``max_epochs``
-        or ``max_rollouts``) fewer indices may come back; when none is left it raises
-        ``StopIteration``, which ends Trinity's explorer cleanly (its file reader turns it
-        into ``StopAsyncIteration``).
+        The tasks were requested one step ahead (see the class docstring). At the end of data
+        (the actor's ``max_epochs`` or ``max_rollouts``) fewer indices may come back; when none
+        is left it raises ``StopIteration``, which ends Trinity's explorer cleanly (its file
+        reader turns it into ``StopAsyncIteration``).
 
         Raises:
             StopIteration: the orchestrator is exhausted; the message says so.
         """
-        ids = self.pending[:batch_size]
-        self.pending = self.pending[batch_size:]
-        if len(ids) < batch_size:
-            plan = ray.get(self.actor.plan_round.remote())
-            self._last_plan = {"purpose": plan.purpose, "round": plan.round, "batch_id": plan.batch_id}
-            planned = list(plan.task_ids)
-            take = batch_size - len(ids)
-            ids += planned[:take]
-            self.pending = planned[take:]
-        if len(ids) < batch_size:
-            ids += ray.get(self.actor.select_tasks.remote(batch_size - len(ids)))
-        if not ids and ray.get(self.actor.exhausted.remote()):
+        if self._ahead is None:  # the first step (or a size change): ask now
+            self._ahead = (batch_size, self._request(batch_size))
+        count, future = self._ahead
+        ids = list(future.result(timeout=self.settings.actor_timeout_s))  # arrived during the last step
+        if count < batch_size:
+            ids += self._request(batch_size - count).result(timeout=self.settings.actor_timeout_s)
+        ids, extra = ids[:batch_size], ids[batch_size:]
+        if not ids:  # next_tasks hands out nothing only at the end of data
+            self._ahead = None
             raise StopIteration("exhausted: the orchestrator has no task left (max_epochs or max_rollouts reached)")
+        self._ahead = (batch_size, self._request(batch_size - len(extra)))
+        if extra:  # a smaller step than asked ahead: keep the rest for the next one
+            rest = self._ahead[1]
+            self._ahead = (batch_size, _prepend(extra, rest))
         indices = [int(t) for t in ids]
         self.current_index += len(indices)
         if return_extra_info:
-            return indices, dict(self._last_plan)
+            return indices, {"session": self.session}
         return indices
 
     def feedback(self, indices: list[int], values: list[float]) -> None:
         """No-op: the orchestrator learns from the pipeline operator's submissions."""
 
     def state_dict(self) -> dict:
-        """Tasks handed out so far and planned ones not yet handed out; the task order itself
-        is in the actor's state."""
-        return {"current_index": self.current_index, "pending": list(self.pending)}
+        """Tasks handed out by this explorer process (informative only: the frontier is in the actor)."""
+        return {"current_index": self.current_index}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.current_index = int(state_dict.get("current_index", 0))
-        self.pending = [str(t) for t in state_dict.get("pending", [])]
 
 
+def _prepend(first: list[str], rest: Future) -> Future:
+    out: Future = Future()
+    rest.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(first + f.result()))
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 import ray
@@ -69,7 +71,7 @@ def test_judge_the_source_does_not_produce_is_refused_at_construction():
 def test_judge_the_source_does_not_produce_is_refused_at_run_time():
     orch = Orchestrator({"group_size": 2}, ScriptedTasks(["t0"]), ScriptedRolloutSource({}))
     with pytest.raises(InvalidPolicyError, match="filter.judge"):
-        orch.set_policy({"filter": {"judge": "acc"}})
+        asyncio.run(orch.set_policy({"filter": {"judge": "acc"}}))
     assert orch.get_policy()["policy"]["filter"]["judge"] == "auto"
 
 

@@ -143,9 +143,9 @@ def test_a_group_two_model_versions_old_is_dropped_as_stale(engine, model_dir, t
     for _ in range(6):  # until a round leaves an informative group carried over (version 0)
         first = ray.get(actor.next_batch.remote())
         stats = ray.get(actor.get_stats.remote())
-        if stats["groups_carried"]:
+        if stats.groups_carried:
             break
-    assert stats["groups_carried"] >= 1, stats
+    assert stats.groups_carried >= 1, stats
     probes = [e for g in first.groups for e in g.rollouts][:2]
     sync = WeightSync(engine, actor, probes)
     for step in (1, 2):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def test_report_training_is_exported_by_the_actor():
            "reward_std_group": 0.8, "heldout_acc": 0.55, "model_version": 3, "sync_seconds": 0.01, "dropped": {"x": 1}}
     actor.report_training(3, row)
     actor.report_training(4, {**row, "model_version": 4})
-    s = _samples(actor.metrics_text())
+    s = _samples(asyncio.run(actor.metrics_text()))
     assert s[("dso_train_steps_total", frozenset())] == 2
     assert s[("dso_train_heldout_accuracy", frozenset())] == 0.55
     assert s[("dso_train_model_version", frozenset())] == 4

@@ -29,9 +29,10 @@ from trinity.common.experience import Experience as TExp
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.tasks.taskset import IndexTaskSet
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
-from orchestrator.trinity.attach import IndexTaskSet, OrchestratorNotFoundError
+from orchestrator.trinity.attach import OrchestratorNotFoundError
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.operator import OrchestratorOperator
 from orchestrator.trinity.plugin import register
@@ -224,13 +225,70 @@ def _config(yaml_text: str, tmp_path):
 
 def test_check_config_fills_group_size_and_target_groups(tmp_path):
     cfg = _config(
+        "mode: explore\n"
         "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
         "buffer: {batch_size: 3}\n"
         "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n",
         tmp_path,
     )
     DsoDAPOAlgorithm.check_config(cfg)
-    assert cfg.data_processor.experience_pipeline.operators[0].args["policy"] == {"group_size": 4, "target_groups": 3}
+    args = cfg.data_processor.experience_pipeline.operators[0].args
+    assert args["policy"] == {"group_size": 4, "target_groups": 3} == args["pinned"]
+
+
+def test_check_config_refuses_target_groups_times_repeat_times_other_than_train_batch_size(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "buffer: {batch_size: 2, train_batch_size: 16}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator, args: {policy: {target_groups: 2}}}]}}\n",
+        tmp_path,
+    )
+    with pytest.raises(ValueError, match=r"target_groups x algorithm.repeat_times = 2 x 4 = 8 but buffer.train_batch_size = 16"):
+        DsoDAPOAlgorithm.check_config(cfg)
+
+
+def test_check_config_refuses_a_sync_that_waits_for_the_trainer_at_fixed_steps(tmp_path):
+    cfg = _config(
+        "mode: both\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "synchronizer: {sync_style: fixed, sync_method: nccl, sync_interval: 1}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n",
+        tmp_path,
+    )
+    with pytest.raises(ValueError, match=r"synchronizer.sync_style: 'fixed' .* trainer_driven"):
+        DsoDAPOAlgorithm.check_config(cfg)
+
+
+def test_check_config_gives_selector_and_operator_one_set_of_actor_settings(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "project: p\nname: n\ncheckpoint_root_dir: /ckpt\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "buffer: {batch_size: 2, explorer_input: {taskset: {name: t, data_selector: {selector_type: dso_orchestrator, "
+        "kwargs: {anchor_index: {redis_url: 'redis://h:1/0'}}}}}}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator, args: {actor_name: a1}}]}}\n",
+        tmp_path,
+    )
+    DsoDAPOAlgorithm.check_config(cfg)
+    args = cfg.data_processor.experience_pipeline.operators[0].args
+    assert args == cfg.buffer.explorer_input.taskset.data_selector.kwargs
+    assert (args["actor_name"], args["namespace"], args["run"]) == ("a1", "trinity-dso", "p/n")
+    assert args["anchor_index"] == {"redis_url": "redis://h:1/0"}
+    assert args["checkpoint_path"] == "/ckpt/p/n/dso/orchestrator.json" and args["held_dir"] == "/ckpt/p/n/dso/held"
+
+
+def test_check_config_refuses_two_different_values_of_one_setting(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "buffer: {batch_size: 2, explorer_input: {taskset: {name: t, data_selector: {selector_type: dso_orchestrator, "
+        "kwargs: {actor_name: b}}}}}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator, args: {actor_name: a}}]}}\n",
+        tmp_path,
+    )
+    with pytest.raises(ValueError, match=r"data_selector.kwargs.actor_name: 'b' differs from .*operators\[0\].args.actor_name: 'a'"):
+        DsoDAPOAlgorithm.check_config(cfg)
 
 
 def test_check_config_rejects_a_group_size_other_than_repeat_times(tmp_path):
@@ -354,7 +412,7 @@ def test_operator_leaves_out_incomplete_groups(orchestrator_actor):
 def test_operator_without_actor_names_the_fix(ray_local):
     op = OrchestratorOperator(actor_name="no-such-actor", namespace="trinity-dso", lookup_timeout_s=0)
     with pytest.raises(OrchestratorNotFoundError, match="data selector"):
-        op.actor()
+        asyncio.run(op.actor())
 
 
 def test_multi_step_rollout_summary_sums_step_rewards():
@@ -377,6 +435,59 @@ def test_selector_hands_out_orchestrator_tasks_as_indices(ray_local):
     assert len(first) == len(second) == 3 and all(0 <= i < 5 for i in first + second)
     assert len(set(first + second[:2])) == 5  # one epoch covers every task once
     ray_local.kill(ray_local.get_actor(name, namespace="trinity-dso"))
+
+
+def test_a_restarted_explorers_selector_first_gets_the_tasks_that_never_came_back(ray_local):
+    from trinity.buffer.reader.file_reader import _HFBatchReader
+    from trinity.buffer.selector import SELECTORS
+    from trinity.common.config import DataSelectorConfig
+
+    name = f"dso-sel-{uuid.uuid4().hex[:8]}"
+    reader = _HFBatchReader([{"q": i} for i in range(8)], name="t", default_batch_size=2, enable_progress_bar=False)
+    kwargs = {"actor_name": name, "run": "p/n", "policy": {"group_size": 2, "target_groups": 2}}
+    cfg = DataSelectorConfig(selector_type="dso_orchestrator", seed=0, kwargs=kwargs)
+    first = SELECTORS.get("dso_orchestrator")(reader, cfg)
+    taken = first.get_indices(2)
+    actor = ray_local.get_actor(name, namespace="trinity-dso")
+    groups = [Group(str(taken[0]), [Experience(ExperienceId(str(taken[0]), r), reward=float(r)) for r in range(2)])]
+    ray_local.get(actor.submit_groups.remote(groups))  # the first task came back, the second did not
+    second = SELECTORS.get("dso_orchestrator")(reader, cfg)  # a new explorer process
+    requeued = second.attached["requeued"]
+    # the task that never came back, then the step the first selector had reserved ahead
+    assert requeued[0] == str(taken[1]) and len(requeued) == 1 + 2 and not set(requeued[1:]) & {str(t) for t in taken}
+    assert second.get_indices(2) == [int(t) for t in requeued[:2]]
+    ray_local.kill(actor)
+
+
+def test_a_second_run_is_refused_by_an_orchestrator_serving_another(ray_local):
+    from orchestrator.service.actor import RunConflictError
+
+    name = f"dso-sel-{uuid.uuid4().hex[:8]}"
+    handle = get_or_create_orchestrator_for_test(name)
+    ray_local.get(handle.attach_run.remote("p/run-a", session="s1", role="selector", num_tasks=4))
+    with pytest.raises(RunConflictError, match=r"run: orchestrator serves run 'p/run-a'; run 'p/run-b' must use its own actor_name"):
+        ray_local.get(handle.attach_run.remote("p/run-b", session="s2", role="selector", num_tasks=4))
+    ray_local.kill(handle)
+
+
+def test_a_pinned_field_is_refused_and_the_policy_is_unchanged(ray_local):
+    from orchestrator.service.actor import PinnedPolicyError
+
+    handle = get_or_create_orchestrator_for_test(f"dso-pin-{uuid.uuid4().hex[:8]}")
+    ray_local.get(handle.attach_run.remote("p/r", session="s", role="operator", pinned={"target_groups": 3},
+                                           pinned_by="buffer.train_batch_size = 3 x 2"))
+    with pytest.raises(PinnedPolicyError, match=r"target_groups: pinned to 3 by run 'p/r', got 5 \(buffer.train_batch_size = 3 x 2\)"):
+        ray_local.get(handle.set_policy.remote({"target_groups": 5}))
+    state = ray_local.get(handle.get_policy.remote())
+    assert state["policy"]["target_groups"] == 3 and state["revision"] == 1  # the attach set it once
+    ray_local.kill(handle)
+
+
+def get_or_create_orchestrator_for_test(name):
+    from orchestrator.service.actor import get_or_create_orchestrator
+
+    return get_or_create_orchestrator({"target_groups": 2, "group_size": 2}, IndexTaskSet.of_size(4), name=name,
+                                      namespace="trinity-dso")
 
 
 # ------------------------------------------------------------------------- example YAMLs
@@ -460,7 +571,7 @@ def test_selector_draws_by_informativeness_when_the_policy_says_so(ray_local):
     sel = SELECTORS.get("dso_orchestrator")(reader, cfg)
     # nothing seen: predicted informativeness 1 - 2/3 = 1/3 per task, one group missing -> a plan of 3
     first = sel.get_indices(3)
-    assert len(set(first)) == 3 and sel.pending == []
+    assert len(set(first)) == 3
     actor = ray_local.get_actor(name, namespace="trinity-dso")
     stats = ray_local.get(actor.get_stats.remote())
     assert stats.selection == "informative" and stats.selection_metrics["picks"] == 3

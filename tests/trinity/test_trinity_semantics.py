@@ -98,7 +98,7 @@ import types  # noqa: E402
 import uuid  # noqa: E402
 
 from orchestrator.service.actor import get_or_create_orchestrator  # noqa: E402
-from orchestrator.trinity.attach import IndexTaskSet  # noqa: E402
+from orchestrator.tasks.taskset import IndexTaskSet  # noqa: E402
 from orchestrator.trinity.operator import OrchestratorOperator  # noqa: E402
 from orchestrator.trinity.selector import OrchestratorTaskSelector  # noqa: E402
 
