@@ -300,6 +300,17 @@ def aggregate_loss(
     return masked.sum() / (seqs * float(norm_length))
 
 
+def _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip) -> None:
+    """Raise ``ValueError`` for clip parameters out of range or tensors of different shapes."""
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
+    if len(shapes) != 1:
+        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+
+
 def clip_higher_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -340,13 +351,7 @@ def clip_higher_policy_loss(
     Raises:
         ValueError: clip parameters out of range or shapes differ.
     """
-    if not 0 <= eps_low < 1 or eps_high < 0:
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
-    if len(shapes) != 1:
-        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+    _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip)
     mask = response_mask.to(logprobs.dtype)
     # masked tokens: log-ratio 0 before exp, so a padding token with a huge log-ratio cannot give
     # inf * 0 = NaN in the loss or its gradient
@@ -391,13 +396,7 @@ def clip_higher_token_loss(
     Raises:
         ValueError: clip parameters out of range or shapes differ.
     """
-    if not 0 <= eps_low < 1 or eps_high < 0:
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
-    if len(shapes) != 1:
-        raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
+    _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip)
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=logprobs.dtype)
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)

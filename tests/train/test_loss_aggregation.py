@@ -91,7 +91,8 @@ def test_trinity_registry_loss_with_the_configured_micro_batch_scale_is_the_exac
 
     path = tmp_path / "c.yaml"
     path.write_text("algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
-                    "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n")
+                    "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n"
+                    "synchronizer: {sync_style: trainer_driven, sync_method: nccl}\n")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
     assert cfg.trainer.fix_actor_microbatch_loss_scale is False  # Trinity's default
     DsoDAPOAlgorithm.check_config(cfg)
