@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo demo-sampling demo-gigpo ablate test bench install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench install clean
 
 install: $(STAMP)
 
@@ -45,8 +45,13 @@ demo-sampling: $(STAMP)
 ablate: $(STAMP)
 	$(VENV)/bin/trinity-dso ablate-dapo
 
+# GiGPO training run (FrozenLake agent, anchor index + advantage workers, trainer), about 10 minutes.
 demo-gigpo: $(STAMP)
-	$(VENV)/bin/trinity-dso demo --algo gigpo
+	$(VENV)/bin/trinity-dso train-gigpo
+
+# GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, 3 seeds each; not part of `make test`.
+compare-gigpo: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-gigpo
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

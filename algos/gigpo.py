@@ -73,6 +73,7 @@ __all__ = [
     "encode_keys",
     "episode_advantages",
     "gigpo_advantages",
+    "multi_step_grpo_advantages",
     "normalise_from_moments",
     "similarity_anchor_ids",
     "step_advantages",
@@ -462,6 +463,49 @@ def episode_advantages(
         solo = members == 1
         adv[solo] = totals[traj_code][solo] / ((1.0 + eps) if norm == "std" else 1.0)
     return adv, totals[traj_code]
+
+
+def multi_step_grpo_advantages(
+    task_ids: Any, run_ids: Any, steps: Any, rewards: Any, *, norm: Norm = "std", eps: float = 1e-6
+) -> np.ndarray:
+    """Multi-step GRPO, the baseline GiGPO is compared with: each trajectory's *last-step*
+    reward, normalised within its task's trajectories, broadcast to every step.
+
+    Reference: Trinity-RFT 0.6's ``multi_step_grpo``
+    (``trinity/algorithm/advantage_fn/multi_step_grpo_advantage.py``,
+    ``StepWiseGRPOAdvantageFn`` with its defaults: ``std_cal_level="group"``, no step norm):
+    ``(r_last - mean) / (std + eps)``, sample std (``torch.std``), and a task with one
+    trajectory scored against mean 0 and std 1 (``r_last / (1 + eps)``). Under ``norm="none"``
+    the std is replaced by 1 (no Trinity counterpart).
+
+    When only the last step is rewarded (FrozenLake) the last-step reward is the episode
+    return and this equals A^E of Eq. 3 with ``singleton_episode="raw"``, i.e. GiGPO with
+    ``omega = 0``.
+
+    Args:
+        task_ids, run_ids, steps: (S,) the task, run and turn of each step row.
+        rewards: (S,) float, step rewards (all finite; only the last step's is used).
+    Returns:
+        (S,) float64, the trajectory's advantage on each of its rows.
+    Raises:
+        InvalidStepError: lengths differ or a non-finite reward (names row, task, run, step).
+    """
+    tk = _as_1d(task_ids, "task_ids")
+    rn = _as_1d(run_ids, "run_ids")
+    st = _as_1d(steps, "steps", np.int64)
+    r = _as_1d(rewards, "rewards", np.float64)
+    _same_length(task_ids=tk, run_ids=rn, steps=st, rewards=r)
+    bad = ~np.isfinite(r)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidStepError(f"reward: non-finite value {_r(r[i])} at row {i} (task {_r(tk[i])}, run {_r(rn[i])}, step {_r(st[i])})")
+    if r.size == 0:
+        return r.copy()
+    traj, num = encode_keys(tk, rn)
+    last_step = np.full(num, np.iinfo(np.int64).min)
+    np.maximum.at(last_step, traj, st)
+    adv, _ = episode_advantages(np.where(st == last_step[traj], r, 0.0), tk, traj, norm=norm, eps=eps, singleton="raw")
+    return adv
 
 
 def anchor_group_ids(task_ids: Any, state_hashes: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,8 @@
-"""The training commands of the ``trinity-dso`` CLI: ``train`` (the main job, ``make demo``)
-and ``ablate-dapo``. Registered on the typer app by :func:`register`; the logic lives in
-:mod:`orchestrator.jobs.dapo_train` and :mod:`orchestrator.jobs.ablation`."""
+"""The training commands of the ``trinity-dso`` CLI: ``train`` (the main job, ``make demo``),
+``ablate-dapo``, ``train-gigpo`` (``make demo-gigpo``) and ``compare-gigpo``. Registered on the
+typer app by :func:`register`; the logic lives in :mod:`orchestrator.jobs.dapo_train`,
+:mod:`orchestrator.jobs.ablation`, :mod:`orchestrator.jobs.gigpo_train` and
+:mod:`orchestrator.jobs.gigpo_compare`."""
 
 from __future__ import annotations
 
@@ -61,8 +63,77 @@ def train_table(summary: dict) -> Table:
     return t
 
 
+def gigpo_progress_line(row: dict) -> str:
+    """One line per GiGPO step: trajectories, success, anchor fraction, |A_S|, |A_E|, length."""
+    held = row.get("heldout_success")
+    return (f"step {row['step']:3d} | trajectories {row['trajectories']:5d} | success {_f(row['success_rate'], 3)} | "
+            f"anchor>1 {_f(row['anchor_group_fraction'], 2)} | |A_S| {_f(row['mean_abs_step_advantage'], 3)} | "
+            f"|A_E| {_f(row['mean_abs_episode_advantage'], 3)} | length {_f(row['episode_length'], 1)} | "
+            f"v{row['model_version']}" + (f" | held-out success {held:.3f}" if held is not None else ""))
+
+
+def gigpo_train_table(summary: dict) -> Table:
+    """The final table of a GiGPO training run (the same numbers as gigpo_train.json)."""
+    cfg = summary["config"]
+    t = Table(title=f"trinity-dso GiGPO training run ({cfg['advantage']}, omega {cfg['gigpo']['omega']}, "
+                    f"norm {cfg['gigpo']['norm']}; {summary['wall_seconds']} s)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    last = summary["steps"][-1] if summary["steps"] else {}
+    rows = [
+        ("success, training maps, first steps", summary["start_train_success"]),
+        ("success, training maps, last steps", summary["end_train_success"]),
+        ("success, held-out maps, start", summary["start_heldout_success"]),
+        ("success, held-out maps, end", summary["end_heldout_success"]),
+        ("train steps", summary["steps_done"]),
+        ("trajectories generated", summary["trajectories"]),
+        ("anchor index", summary["backend"]),
+        ("steps in anchor groups > 1, last step", last.get("anchor_group_fraction")),
+        ("mean |A_S|, last step", last.get("mean_abs_step_advantage")),
+        ("mean |A_E|, last step", last.get("mean_abs_episode_advantage")),
+        ("episode length, last step", last.get("episode_length")),
+        ("weight syncs (mean seconds)", f"{summary['sync']['count']} ({_f(summary['sync']['mean_seconds'], 3)})"),
+        ("max |engine - trainer| log-prob after syncs", summary["sync"]["max_abs_diff"]),
+    ]
+    for name, value in rows:
+        t.add_row(name, _f(value) if not isinstance(value, str) else value)
+    return t
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``train`` and ``ablate-dapo`` to ``app``."""
+    """Add ``train``, ``ablate-dapo``, ``train-gigpo`` and ``compare-gigpo`` to ``app``."""
+
+    @app.command("train-gigpo")
+    def train_gigpo(
+        seed: int | None = typer.Option(None, help="Seeds maps, warm start, sampling and training (default 0)."),
+        budget: int | None = typer.Option(None, min=1, help="Trajectories to generate (default: the config's)."),
+        redis_url: str | None = typer.Option(None, help="Anchor index in Redis (default: in memory)."),
+        config: Path | None = typer.Option(None, exists=True, dir_okay=False,
+                                           help="YAML with orchestrator.jobs.gigpo_train.GiGPOTrainConfig fields."),
+        out: Path | None = typer.Option(None, help="Output directory (gigpo_train.json, gigpo_curves.png, metrics.prom)."),
+    ) -> None:
+        """GiGPO training run on CPU: FrozenLake agent, vLLM, anchor index + advantage workers, trainer, weight sync."""
+        from orchestrator.cli.service import load_yaml_model
+        from orchestrator.jobs.gigpo_train import GiGPOTrainConfig, run_gigpo_training
+
+        cfg = load_yaml_model(config, GiGPOTrainConfig, {"out_dir": out, "rollout_budget": budget, "seed": seed,
+                                                         "redis_url": redis_url})
+        t0 = time.perf_counter()
+        with console.status("starting") as status:
+
+            def say(msg: str) -> None:
+                status.update(escape(msg))
+                console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(msg)}", soft_wrap=True)
+
+            def on_step(row: dict) -> None:
+                line = gigpo_progress_line(row)
+                status.update(escape(line))
+                if "heldout_success" in row or row["step"] % 5 == 0:
+                    console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(line)}", soft_wrap=True)
+
+            summary = run_gigpo_training(cfg, progress=on_step, log=say)
+        console.print(gigpo_train_table(summary))
+        console.print(f"written: {cfg.out_dir / 'gigpo_train.json'}, " + ", ".join(summary["plots"]))
 
     @app.command()
     def train(

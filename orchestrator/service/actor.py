@@ -345,7 +345,7 @@ class Orchestrator(AnchorLifecycle):
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:
-                await self._submit(groups)
+                await self._submit(groups, emit=False)
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_groups(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
@@ -382,7 +382,14 @@ class Orchestrator(AnchorLifecycle):
             size += rollouts(item)
         return out if out[0] else []
 
-    async def _submit(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
+    async def _submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True) -> list[str]:
+        """Validate, deduplicate and submit ``groups`` in slices, committing as it goes.
+
+        ``emit``: release every full batch into the ready queue (``submit_groups``, whose
+        callers pop batches). ``next_batch`` passes False: it releases one batch per call, so
+        surplus informative groups stay carried over and are judged for staleness (against
+        the model version of the moment) when their batch is assembled.
+        """
         if not isinstance(groups, list):
             raise InvalidGroupError(f"groups: expected a list of groups, got {type(groups).__name__}")
         if on_invalid not in ("raise", "drop"):
@@ -423,7 +430,7 @@ class Orchestrator(AnchorLifecycle):
             self.core.submit(part_groups, on_invalid=on_invalid, checked=checked, new_round=i == 0)
             for g in part_groups:
                 self._seen[g.key] = self._new_seen[g.key] = g.reason
-            while (batch := self.core.try_emit()) is not None:
+            while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
             uncommitted += sum(len(g.rollouts) for g in part_groups)

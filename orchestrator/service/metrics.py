@@ -80,6 +80,12 @@ dso_train_reward_mean                    gauge*     mean reward of the last trai
 dso_train_reward_group_std               gauge*     mean within-group reward std of the last batch
 dso_train_heldout_accuracy               gauge*     held-out accuracy (avg@k) at the last evaluation
 dso_train_model_version                  gauge*     model version after the trainer's last weight sync
+dso_train_success_rate                   gauge*     GiGPO: trajectories reaching the goal in the last batch
+dso_train_heldout_success_rate           gauge*     GiGPO: success rate on held-out tasks at the last evaluation
+dso_train_episode_length_steps           gauge*     GiGPO: mean trajectory length of the last batch
+dso_gigpo_anchor_group_fraction          gauge*     GiGPO: steps in anchor groups of size > 1, last batch
+dso_gigpo_step_advantage_abs_mean        gauge*     GiGPO: mean |A^S| of the last batch
+dso_gigpo_episode_advantage_abs_mean     gauge*     GiGPO: mean |A^E| of the last batch
 dso_train_weight_sync_seconds            histogram  time of one weight load into the rollout engine
 =======================================  =========  ==========================================
 
@@ -170,6 +176,12 @@ TRAIN_GAUGES: dict[str, tuple[str, str | None]] = {
     f"{PREFIX}_train_reward_group_std": ("Mean within-group reward standard deviation of the last train batch.", None),
     f"{PREFIX}_train_heldout_accuracy": ("Held-out accuracy (avg@k, 0..1) at the last evaluation.", None),
     f"{PREFIX}_train_model_version": ("Model weights version after the trainer's last weight sync.", None),
+    f"{PREFIX}_train_success_rate": ("Agent trajectories reaching the goal (0..1) in the last train batch (GiGPO).", None),
+    f"{PREFIX}_train_heldout_success_rate": ("Agent success rate (0..1) on held-out tasks at the last evaluation (GiGPO).", None),
+    f"{PREFIX}_train_episode_length_steps": ("Mean agent trajectory length of the last train batch, environment steps (GiGPO).", None),
+    f"{PREFIX}_gigpo_anchor_group_fraction": ("Share of steps whose anchor-state group has more than one member (0..1), last batch.", None),
+    f"{PREFIX}_gigpo_step_advantage_abs_mean": ("Mean |A^S| (GiGPO step advantage, Eq. 7) of the last batch.", None),
+    f"{PREFIX}_gigpo_episode_advantage_abs_mean": ("Mean |A^E| (GiGPO episode advantage, Eq. 3) of the last batch.", None),
 }
 """The trainer's gauges: absent until a trainer reports (``Orchestrator.report_training``)."""
 SYNC_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -370,9 +382,14 @@ class DSOMetrics:
         m["train_steps"].inc()
         for key, name in (("entropy", "entropy_nats"), ("kl_ref", "kl_ref_nats"), ("reward_mean", "reward_mean"),
                           ("reward_std_group", "reward_group_std"), ("heldout_acc", "heldout_accuracy"),
-                          ("model_version", "model_version")):
+                          ("model_version", "model_version"), ("success_rate", "success_rate"),
+                          ("heldout_success", "heldout_success_rate"), ("episode_length", "episode_length_steps")):
             if metrics.get(key) is not None:
                 m["optional"].set(f"{PREFIX}_train_{name}", float(metrics[key]))
+        for key, name in (("anchor_group_fraction", "anchor_group_fraction"), ("mean_abs_step_advantage", "step_advantage_abs_mean"),
+                          ("mean_abs_episode_advantage", "episode_advantage_abs_mean")):
+            if metrics.get(key) is not None:
+                m["optional"].set(f"{PREFIX}_gigpo_{name}", float(metrics[key]))
         for key, bound in (("pg_clipfrac", "upper"), ("pg_clipfrac_lower", "lower"), ("pg_clipfrac_dual", "dual")):
             if metrics.get(key) is not None:
                 m["optional"].set(f"{PREFIX}_train_pg_clipfrac", float(metrics[key]), bound)

@@ -35,32 +35,51 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_
 """The prompt is the user content followed by ``=`` (no special tokens: the model sees ``12+34=``)."""
 MARKER = ".dso-tiny.json"
 
+FROZENLAKE_CHARS = list("SFHGP|=LDRU")
+"""The FrozenLake policy's characters: map cells (``S F H G``, ``P`` the agent), the row
+separator ``|``, the generation prompt ``=`` and the four action letters."""
+FROZENLAKE_ACTIONS = ("L", "D", "R", "U")
+"""Action letters in gymnasium's order (left, down, right, up): the ``choices`` of
+:func:`orchestrator.envs.frozenlake.run_episodes` for the FrozenLake policy."""
+FROZENLAKE_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}"
+    "{{ m['content'].split('\\n')[:-1] | join('|') | replace(' ', '') }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+)
+"""Chat template of the FrozenLake policy: the grid of the user turn
+(:func:`orchestrator.envs.frozenlake.make_prompt`: rows of space-separated cells, then one
+question line) as ``PFFF|FHFH|FFFH|HFFG=``; the system rules are left out (the policy learns
+them from rewards)."""
 
-def build_tokenizer(out_dir: Path) -> Path:
+
+def build_tokenizer(out_dir: Path, *, chars: str | list[str] = CHARS, chat_template: str = CHAT_TEMPLATE) -> Path:
     """Save a character-level fast tokenizer (``tokenizers`` WordLevel) that vLLM and
     transformers both load with ``AutoTokenizer.from_pretrained(out_dir)``.
 
-    Vocabulary: ``<pad>`` 0, ``<unk>`` 1, ``</s>`` 2 (EOS), then :data:`CHARS`; every
-    character is one token (a ``Split`` pre-tokenizer on ``.``), decoding concatenates
-    (``Fuse``). The chat template renders ``content`` then ``=`` as the generation prompt.
+    Vocabulary: ``<pad>`` 0, ``<unk>`` 1, ``</s>`` 2 (EOS), then ``chars`` (default
+    :data:`CHARS`); every character is one token (a ``Split`` pre-tokenizer on ``.``),
+    decoding concatenates (``Fuse``). ``chat_template`` (default :data:`CHAT_TEMPLATE`: the
+    content then ``=`` as the generation prompt) renders chat prompts.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(chars))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
     return out
 
 
-def build_tiny_llama(out_dir: Path, *, seed: int = 0, hidden: int = 128, layers: int = 2) -> Path:
-    """A randomly initialised Llama with the character tokenizer, float32, untied embeddings.
+def build_tiny_llama(out_dir: Path, *, seed: int = 0, hidden: int = 128, layers: int = 2, chars: str | list[str] = CHARS,
+                     chat_template: str = CHAT_TEMPLATE) -> Path:
+    """A randomly initialised Llama with the character tokenizer (:func:`build_tokenizer` of
+    ``chars`` and ``chat_template``), float32, untied embeddings.
 
     Shape: ``hidden`` (multiple of 64), ``hidden // 64`` heads of 64, intermediate
     ``4 * hidden``, ``layers`` layers, 64 positions. Weights from ``torch.manual_seed(seed)``.
@@ -69,9 +88,9 @@ def build_tiny_llama(out_dir: Path, *, seed: int = 0, hidden: int = 128, layers:
 
     if hidden % 64:
         raise ValueError(f"hidden must be a multiple of 64 (head_dim 64), got {hidden}")
-    build_tokenizer(out_dir)
+    build_tokenizer(out_dir, chars=chars, chat_template=chat_template)
     config = LlamaConfig(
-        vocab_size=len(SPECIALS) + len(CHARS),
+        vocab_size=len(SPECIALS) + len(chars),
         hidden_size=hidden,
         intermediate_size=4 * hidden,
         num_hidden_layers=layers,
@@ -199,5 +218,73 @@ def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: i
         return out
     build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers)
     warm_start(out, train, steps=warm_steps, seed=seed)
+    marker.write_text(json.dumps(settings))
+    return out
+
+
+def warm_start_actions(model_dir: Path, prompts: list[list[int]], *, steps: int, actions: int = len(FROZENLAKE_ACTIONS),
+                       batch_size: int = 128, lr: float = 3e-3, seed: int = 0) -> list[float]:
+    """Supervised warm start on *uniformly random* action letters after each prompt.
+
+    Teaches the answer format only (one of ``actions`` letters, the last ``actions`` tokens of
+    the vocabulary), not the task: the warm-started policy is close to a uniform random walk.
+    Trains the model in ``model_dir`` in place and saves it back.
+
+    Returns:
+        the loss of every step (``log(actions)`` once the letters are uniform).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        rows = torch.randint(len(prompts), (batch_size,), generator=gen).tolist()
+        width = max(len(prompts[i]) for i in rows) + 1
+        ids = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
+        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        letters = vocab - actions + torch.randint(actions, (batch_size,), generator=gen)
+        for b, i in enumerate(rows):
+            p = prompts[i]
+            ids[b, : len(p)] = torch.tensor(p)
+            ids[b, len(p)] = letters[b]
+            labels[b, len(p)] = letters[b]
+        out = model(input_ids=ids, attention_mask=(ids != PAD_ID).long(), labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        losses.append(float(out.loss.detach()))
+    model.save_pretrained(model_dir, safe_serialization=True)
+    return losses
+
+
+def ensure_frozenlake_policy(out_dir: Path, *, size: int = 4, seed: int = 0, warm_steps: int = 20, hidden: int = 128,
+                             layers: int = 2) -> Path:
+    """Build the tiny FrozenLake Llama (:data:`FROZENLAKE_CHARS`, :data:`FROZENLAKE_TEMPLATE`) and
+    warm-start it once on random action letters (:func:`warm_start_actions`) over every agent cell of
+    256 random ``size`` x ``size`` maps (map seeds 10**6 + k, apart from the training ones); a marker
+    file records the settings."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.envs.frozenlake import make_prompt, make_tasks
+
+    out = Path(out_dir)
+    settings = {"env": "frozenlake", "size": size, "seed": seed, "warm_steps": warm_steps, "hidden": hidden, "layers": layers}
+    marker = out / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == settings:
+        return out
+    build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers, chars=FROZENLAKE_CHARS, chat_template=FROZENLAKE_TEMPLATE)
+    tok = AutoTokenizer.from_pretrained(out)
+    prompts = []
+    for task in make_tasks(256, size=size, seed=10**6):
+        desc = task.meta["desc"]
+        for r in range(size):
+            for c in range(size):
+                prompts.append(tok.apply_chat_template(make_prompt(desc, r, c), tokenize=True, add_generation_prompt=True))
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    warm_start_actions(out, prompts, steps=warm_steps, seed=seed)
     marker.write_text(json.dumps(settings))
     return out

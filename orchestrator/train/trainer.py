@@ -183,11 +183,48 @@ class PolicyTrainer:
         exps = [e for _, e in pairs]
         rewards = torch.tensor([e.reward for e in exps], dtype=torch.float64)
         gids = torch.tensor([i for i, _ in pairs], dtype=torch.int64)
-        adv_seq = group_advantages(rewards, gids, norm=self.config.adv_norm).float()
-        data = pack(exps, self.pad_id)
+        metrics = self.train_on(exps, group_advantages(rewards, gids, norm=self.config.adv_norm))
+        count = np.bincount(gids.numpy()).astype(float)
+        mean = np.bincount(gids.numpy(), rewards.numpy()) / np.maximum(count, 1)
+        var = np.bincount(gids.numpy(), (rewards.numpy() - mean[gids.numpy()]) ** 2) / np.maximum(count, 1)
+        metrics.update(
+            reward_mean=float(rewards.mean()),
+            reward_std_group=float(np.sqrt(var[count > 0]).mean()),
+            accuracy_mean=float(np.mean([e.metrics.get("accuracy", math.nan) for e in exps])),
+        )
+        return metrics
+
+    def train_on(self, experiences: list[Experience], advantages: torch.Tensor) -> dict[str, float]:
+        """``mini_batches`` optimizer updates on experiences whose advantages are given.
+
+        The advantage-agnostic half of :meth:`train_batch`: GiGPO (arXiv 2505.10978, Eq. 8)
+        passes ``A^E + omega * A^S`` per step, one experience per environment step, each
+        broadcast over its response tokens (verl-agent's ``compute_gigpo_outcome_advantage``
+        does the same broadcast).
+
+        Args:
+            experiences: B single-turn experiences (tokens, prompt_length, behaviour logprobs).
+            advantages: (B,) float, one per experience.
+        Returns:
+            the update metrics of :meth:`train_batch` (``loss`` ... ``grad_norm``, means over the
+            updates) plus ``response_length``, ``tokens`` and ``sequences``.
+        Raises:
+            ValueError: empty input, ``advantages`` not of shape (B,) or not finite (names the
+                first bad row's task, run and step).
+            TrainStepError: as :meth:`train_batch`; the weights are restored.
+        """
+        B = len(experiences)
+        adv_seq = torch.as_tensor(advantages).reshape(-1).float()
+        if B == 0 or adv_seq.numel() != B:
+            raise ValueError(f"advantages: expected shape ({B},) for {B} experiences, got {tuple(torch.as_tensor(advantages).shape)}")
+        bad = torch.nonzero(~torch.isfinite(adv_seq)).flatten()
+        if len(bad):
+            e = experiences[int(bad[0])]
+            raise ValueError(f"advantages: non-finite value {float(adv_seq[bad[0]])} for task {e.eid.task!r} run {e.eid.run} "
+                             f"step {e.eid.step}")
+        data = pack(experiences, self.pad_id)
         if self.norm_length is None:  # fixed for the whole run (Dr. GRPO's constant L)
             self.norm_length = float(data["response_mask"].sum(dim=1).max())
-        B = len(exps)
         order = self._rng.permutation(B)
         minis = [torch.as_tensor(np.sort(c)) for c in np.array_split(order, self.config.mini_batches) if len(c)]
 
@@ -200,15 +237,8 @@ class PolicyTrainer:
             self._restore(snap)
             raise
         self.batches += 1
-        n = len(minis)
-        metrics = {k: v / n for k, v in sums.items()}
-        count = np.bincount(gids.numpy()).astype(float)
-        mean = np.bincount(gids.numpy(), rewards.numpy()) / np.maximum(count, 1)
-        var = np.bincount(gids.numpy(), (rewards.numpy() - mean[gids.numpy()]) ** 2) / np.maximum(count, 1)
+        metrics = {k: v / len(minis) for k, v in sums.items()}
         metrics.update(
-            reward_mean=float(rewards.mean()),
-            reward_std_group=float(np.sqrt(var[count > 0]).mean()),
-            accuracy_mean=float(np.mean([e.metrics.get("accuracy", math.nan) for e in exps])),
             response_length=float(data["response_mask"].sum(dim=1).float().mean()),
             tokens=float(data["response_mask"].sum()),
             sequences=float(B),

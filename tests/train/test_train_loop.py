@@ -140,7 +140,7 @@ def test_a_group_two_model_versions_old_is_dropped_as_stale(engine, model_dir, t
     source = LengthJudged(engine, tasks[0], SamplingConfig(max_tokens=5, seed=3))
     actor = OrchestratorActor.remote(policy, tasks[0], source, seed=0)
     trainer = PolicyTrainer(model_dir, TrainerConfig(lr=1e-3, mini_batches=1))
-    for _ in range(6):  # until a round leaves an informative group carried over (version 0)
+    for _ in range(20):  # until a round leaves an informative group carried over (version 0)
         first = ray.get(actor.next_batch.remote())
         stats = ray.get(actor.get_stats.remote())
         if stats.groups_carried:

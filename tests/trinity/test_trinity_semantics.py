@@ -134,7 +134,7 @@ def test_operator_drops_an_invalid_group_and_keeps_the_step(actor_name, ray_loca
     op = _operator(actor_name, {"target_groups": 2, "group_size": 2})
     exps = [texp(1, 0, 0, 1.0, index=0), texp(1, 0, 1, None, index=0), texp(1, 1, 0, 1.0, index=1), texp(1, 1, 1, -1.0, index=1)]
     _, m = asyncio.run(op.process(exps))
-    stats = ray_local.get(op.actor().get_stats.remote())
+    stats = ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").get_stats.remote())
     assert m["dso/groups_invalid"] == 1 and m["dso/groups_kept"] == 1
     assert stats.dropped_by_reason["invalid"] == 1 and stats.groups_carried == 1
 
@@ -149,9 +149,9 @@ def test_operator_stamps_a_group_with_its_oldest_member(actor_name, ray_local):
 def test_operator_stale_member_of_a_fresh_group_is_caught(actor_name, ray_local):
     # model version 5 seen; members of versions 5 and 2, max_staleness 1: the group is dropped as stale
     op = _operator(actor_name, {"target_groups": 1, "group_size": 2, "max_staleness": 1})
-    ray_local.get(op.actor().set_model_version.remote(5))
+    ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").set_model_version.remote(5))
     out, _ = asyncio.run(op.process([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)]))
-    stats = ray_local.get(op.actor().get_stats.remote())
+    stats = ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").get_stats.remote())
     assert out == [] and stats.dropped_by_reason["stale"] == 1
 
 

@@ -1,0 +1,277 @@
+"""GiGPO that learns: a FrozenLake agent trained on two CPU cores with step credit from anchor states.
+
+Parts, all real: a vLLM engine actor (:class:`orchestrator.train.sync.TrainableEngine`) serving
+the tiny FrozenLake policy (:func:`orchestrator.train.tiny.ensure_frozenlake_policy`), the
+lockstep FrozenLake environment (:mod:`orchestrator.envs.frozenlake`: one experience per step,
+each with its ``env_state_hash``), the orchestrator actor holding the anchor index (in memory by
+default, Redis with ``redis_url``), ``workers`` Ray tasks that write every step into that index
+and query it for the step advantages (:func:`orchestrator.jobs.gigpo.actor_step_advantages`),
+the CPU trainer (:meth:`orchestrator.train.trainer.PolicyTrainer.train_on`) and a verified
+weight sync after every step (model version + 1 in the orchestrator).
+
+One training step (GiGPO, arXiv 2505.10978, Algorithm 1):
+
+1. ``n`` trajectories of each training map at temperature 1 (the policy answers one action
+   letter per turn; a non-action token is an invalid action: the agent stays and the step is
+   penalised by ``gigpo.invalid_action_penalty``, verl-agent's ``invalid_action_penalty_coef``);
+2. step returns (Eq. 5) and episode advantages A^E (Eq. 3) in the coordinator, step advantages
+   A^S (Eq. 7) through the anchor index by the workers, ``A = A^E + omega * A^S`` (Eq. 8);
+   ``advantage="multi_step_grpo"`` instead broadcasts the last step's group-relative reward to
+   every step of its trajectory (Trinity's ``multi_step_grpo``,
+   :func:`algos.gigpo.multi_step_grpo_advantages`);
+3. ``trainer.mini_batches`` clipped policy-gradient updates, one sample per environment step;
+4. weight sync and check of the engine's log-probs against the trainer's.
+
+Success rates are measured at temperature 1: on the training maps from the step's own rollouts,
+on held-out maps (disjoint, never trained on) every ``eval_every`` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from algos.gigpo import GiGPOConfig, gigpo_advantages, multi_step_grpo_advantages
+from orchestrator.core.types import Experience
+from orchestrator.train.trainer import TrainerConfig
+
+__all__ = ["GiGPOTrainConfig", "run_gigpo_training", "step_summary"]
+
+
+def _gigpo() -> GiGPOConfig:
+    return GiGPOConfig(invalid_action_penalty=0.1)
+
+
+def _trainer() -> TrainerConfig:
+    # symmetric PPO clip as verl-agent's GiGPO runs (clip_ratio 0.2); token-mean over all steps
+    return TrainerConfig(lr=1e-3, eps_high=0.2, mini_batches=2, micro_batch_seqs=256)
+
+
+class GiGPOTrainConfig(BaseModel):
+    """Embedded defaults of ``trinity-dso train-gigpo`` (``make demo-gigpo``): about 10 minutes on 2 cores."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    out_dir: Path = Path("runs/gigpo")
+    # environment
+    map_size: int = Field(4, ge=2, le=5, description="FrozenLake grid side (gymnasium's 4x4 by default).")
+    map_p: float = Field(0.8, gt=0, le=1, description="Probability that a cell is frozen (gymnasium's p).")
+    train_maps: int = Field(8, ge=1, description="Fixed training maps (tasks).")
+    heldout_maps: int = Field(16, ge=1, description="Held-out maps, disjoint from the training ones.")
+    n: int = Field(8, ge=2, description="Trajectories per map and step (the group size).")
+    max_turns: int = Field(12, ge=1, description="Turn limit per trajectory.")
+    # policy
+    hidden: int = Field(128, ge=64, description="Hidden size of the tiny Llama (multiple of 64).")
+    layers: int = Field(2, ge=1, description="Layers of the tiny Llama.")
+    warm_steps: int = Field(20, ge=0, description="Warm start: supervised steps on uniformly random action letters "
+                                                   "(teaches the answer format, not the task: the start is a random walk).")
+    temperature: float = Field(1.0, gt=0)
+    # advantage
+    advantage: Literal["gigpo", "multi_step_grpo"] = "gigpo"
+    gigpo: GiGPOConfig = Field(default_factory=_gigpo)
+    workers: int = Field(2, ge=2, description="Advantage workers (Ray tasks) querying the anchor index.")
+    redis_url: str | None = Field(None, description="Anchor index in Redis (redis://host:port/db); None: in memory.")
+    # training
+    trainer: TrainerConfig = Field(default_factory=_trainer)
+    rollout_budget: int = Field(6_000, ge=1, description="Stop once this many trajectories were generated (eval excluded).")
+    max_steps: int = Field(10_000, ge=1, description="Upper bound on train steps.")
+    eval_every: int = Field(10, ge=1, description="Held-out evaluation every this many steps.")
+    eval_runs: int = Field(8, ge=1, description="Trajectories per held-out map at an evaluation.")
+    sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
+
+
+def _policy_dir(cfg: GiGPOTrainConfig) -> Path:
+    import os
+
+    root = os.environ.get("TRINITY_DSO_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
+    return base / f"tiny-frozenlake-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+
+
+def step_summary(exps: list[Experience], episode: np.ndarray, step_adv: np.ndarray, anchor_sizes: np.ndarray) -> dict[str, float]:
+    """Per-step GiGPO measures of one batch of step experiences (all (S,) aligned with ``exps``).
+
+    Returns:
+        ``success_rate`` (trajectories reaching the goal), ``episode_length`` (mean turns),
+        ``anchor_group_fraction`` (steps whose anchor group has more than one member),
+        ``mean_abs_step_advantage`` (|A^S|), ``mean_abs_episode_advantage`` (|A^E|),
+        ``invalid_action_rate``.
+    """
+    last = [e for e in exps if e.info["last"]]
+    return {
+        "success_rate": float(np.mean([e.metrics["success"] for e in last])),
+        "episode_length": len(exps) / len(last),
+        "anchor_group_fraction": float(np.mean(anchor_sizes > 1)),
+        "mean_abs_step_advantage": float(np.mean(np.abs(step_adv))),
+        "mean_abs_episode_advantage": float(np.mean(np.abs(episode))),
+        "invalid_action_rate": float(np.mean([e.info["invalid_action"] for e in exps])),
+    }
+
+
+def _columns(exps: list[Experience]) -> dict[str, np.ndarray]:
+    return {
+        "task_ids": np.array([e.eid.task for e in exps]),
+        "run_ids": np.array([e.eid.run for e in exps]),
+        "step_ids": np.array([e.eid.step for e in exps]),
+        "rewards": np.array([e.reward for e in exps], dtype=np.float64),
+        "hashes": np.array([e.info["env_state_hash"] for e in exps]),
+        "invalid": np.array([bool(e.info["invalid_action"]) for e in exps]),
+    }
+
+
+def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] | None = None,
+                       log: Callable[[str], None] | None = None) -> dict:
+    """Run one GiGPO training job; return its summary (also ``out_dir/gigpo_train.json``, plots beside it).
+
+    Args:
+        cfg: the configuration.
+        progress: called with each step's row (the keys of ``summary["steps"][i]``).
+        log: called with start-up messages.
+    Returns:
+        ``{"config", "wall_seconds", "start_train_success", "end_train_success",
+        "start_heldout_success", "end_heldout_success", "steps_done", "trajectories", "steps",
+        "evals", "sync", "metrics_text"}``.
+    Raises:
+        orchestrator.train.sync.WeightSyncError, orchestrator.train.trainer.TrainStepError,
+        orchestrator.anchors.index.AnchorIndexError (Redis unreachable),
+        orchestrator.jobs.gigpo.GiGPOJobError (a task without ``n`` complete runs in the index).
+    """
+    import ray
+
+    from orchestrator.anchors.owner import AnchorIndexConfig
+    from orchestrator.core.policy import ResamplingPolicy
+    from orchestrator.envs import frozenlake
+    from orchestrator.envs.policies import engine_sample_act
+    from orchestrator.jobs.gigpo import actor_step_advantages, steps_for_index
+    from orchestrator.service.actor import OrchestratorActor
+    from orchestrator.service.metrics import DSOMetrics
+    from orchestrator.tasks.taskset import TaskSet
+    from orchestrator.train.sync import TrainableEngineActor, WeightSync
+    from orchestrator.train.tiny import FROZENLAKE_ACTIONS, ensure_frozenlake_policy
+    from orchestrator.train.trainer import PolicyTrainer
+
+    say = log or (lambda msg: None)
+    started = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
+
+    maps = frozenlake.make_tasks(cfg.train_maps + cfg.heldout_maps, size=cfg.map_size, p=cfg.map_p, seed=1000 * cfg.seed)
+    train_tasks, held_tasks = maps[: cfg.train_maps], maps[cfg.train_maps:]
+    say(f"{cfg.train_maps} training and {cfg.heldout_maps} held-out {cfg.map_size}x{cfg.map_size} maps; "
+        f"policy warm start ({cfg.warm_steps} steps on random action letters, cached)")
+    model_dir = ensure_frozenlake_policy(_policy_dir(cfg), size=cfg.map_size, seed=cfg.seed, warm_steps=cfg.warm_steps,
+                                         hidden=cfg.hidden, layers=cfg.layers)
+    say("starting the vLLM engine")
+    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=cfg.seed,
+                                         enable_prefix_caching=False)
+    ray.get(engine.ready.remote(), timeout=600)
+    index_cfg = AnchorIndexConfig(redis_url=cfg.redis_url, prefix=f"dso:gigpo-train-{uuid.uuid4().hex[:8]}") \
+        if cfg.redis_url else AnchorIndexConfig()
+    actor = OrchestratorActor.options(name=f"dso-gigpo-{uuid.uuid4().hex[:8]}").remote(
+        ResamplingPolicy(target_groups=cfg.train_maps, group_size=cfg.n), TaskSet(train_tasks), seed=cfg.seed,
+        metrics=DSOMetrics(), anchor_index=index_cfg)
+    backend = ray.get(actor.anchor_spec.remote())["backend"]
+    say(f"anchor index: {backend} (the orchestrator's), {cfg.workers} advantage workers")
+    trainer = PolicyTrainer(model_dir, cfg.trainer)
+    act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed)
+    eval_act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed + 7_777_777)
+
+    def evaluate(version: int, tag: str) -> float:
+        exps = frozenlake.run_episodes(held_tasks, cfg.eval_runs, eval_act, max_steps=cfg.max_turns, round_tag=tag,
+                                       model_version=version, choices=FROZENLAKE_ACTIONS)
+        return float(np.mean([e.metrics["success"] for e in exps if e.info["last"]]))
+
+    g = cfg.gigpo
+    evals = [{"step": 0, "trajectories": 0, "model_version": 0, "heldout_success": evaluate(0, "eval0")}]
+    say(f"held-out success of the starting policy: {evals[0]['heldout_success']:.3f}")
+    steps: list[dict] = []
+    sync: WeightSync | None = None
+    trajectories = 0
+    version = 0
+    step = 0
+    try:
+        while step < cfg.max_steps and trajectories < cfg.rollout_budget:
+            t0 = time.monotonic()
+            batch_key = f"s{step}-{uuid.uuid4().hex[:6]}"
+            exps = frozenlake.run_episodes(train_tasks, cfg.n, act, max_steps=cfg.max_turns, round_tag=batch_key,
+                                           model_version=version, choices=FROZENLAKE_ACTIONS)
+            rollout_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            c = _columns(exps)
+            pure = gigpo_advantages(c["task_ids"], c["run_ids"], c["step_ids"], c["rewards"], c["hashes"],
+                                    invalid=c["invalid"], config=g)
+            _, step_adv, _, _, _ = actor_step_advantages(
+                actor, batch_key, steps_for_index(exps, pure.returns), c["task_ids"], c["hashes"], pure.returns,
+                n=cfg.n, workers=cfg.workers, norm=g.norm, eps=g.eps)
+            if cfg.advantage == "gigpo":
+                advantages = pure.episode + g.omega * step_adv
+            else:
+                advantages = multi_step_grpo_advantages(c["task_ids"], c["run_ids"], c["step_ids"], c["rewards"], eps=g.eps)
+            advantage_s = time.monotonic() - t1
+            t2 = time.monotonic()
+            metrics = trainer.train_on(exps, advantages)
+            train_s = time.monotonic() - t2
+            step += 1
+            trajectories += cfg.train_maps * cfg.n
+            if sync is None:
+                sync = WeightSync(engine, actor, exps[:8], tol=cfg.sync_tol)
+            sync_row = sync.sync(trainer, step)
+            version = sync.version
+            row = {
+                "step": step, "trajectories": trajectories, "model_version": version,
+                **step_summary(exps, pure.episode, step_adv, pure.anchor_sizes),
+                "mean_abs_advantage": float(np.mean(np.abs(advantages))),
+                "rollout_seconds": rollout_s, "advantage_seconds": advantage_s, "train_seconds": train_s,
+                "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
+            }
+            if step % cfg.eval_every == 0 or trajectories >= cfg.rollout_budget or step >= cfg.max_steps:
+                row["heldout_success"] = evaluate(version, f"eval{step}")
+                evals.append({"step": step, "trajectories": trajectories, "model_version": version,
+                              "heldout_success": row["heldout_success"]})
+            steps.append(row)
+            ray.get(actor.report_training.remote(step, row))
+            if progress is not None:
+                progress(row)
+        metrics_text = ray.get(actor.metrics_text.remote())
+    finally:
+        ray.kill(actor)
+        ray.kill(engine)
+    (cfg.out_dir / "metrics.prom").write_text(metrics_text)
+
+    def window(key: str, rows: list[dict]) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return float(np.mean(vals)) if vals else math.nan
+
+    k = max(1, min(5, len(steps) // 4))  # success on the training maps: mean of the first / last k steps
+    summary = {
+        "config": json.loads(cfg.model_dump_json()),
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "backend": backend,
+        "start_train_success": window("success_rate", steps[:k]),
+        "end_train_success": window("success_rate", steps[-k:]),
+        "start_heldout_success": evals[0]["heldout_success"],
+        "end_heldout_success": evals[-1]["heldout_success"],
+        "steps_done": len(steps),
+        "trajectories": trajectories,
+        "sync": {"count": len(sync.seconds) if sync else 0,
+                 "mean_seconds": float(np.mean(sync.seconds)) if sync and sync.seconds else None,
+                 "max_abs_diff": max((s.get("max_abs_diff", 0.0) for s in steps), default=0.0)},
+        "evals": evals,
+        "steps": steps,
+    }
+    (cfg.out_dir / "gigpo_train.json").write_text(json.dumps(summary, indent=1, default=float))
+    from orchestrator.jobs.plots import plot_gigpo_training
+
+    summary["plots"] = [str(p) for p in plot_gigpo_training(summary, cfg.out_dir)]
+    (cfg.out_dir / "gigpo_train.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary
