@@ -1,17 +1,18 @@
 """Register every trinity-dso component into Trinity-RFT's registries (importing this module does it).
 
-==========================  =====================  ======================================================
-registry                    name                   class (dotted path usable in the YAML)
-==========================  =====================  ======================================================
-``ALGORITHM_TYPE``          ``dso_dapo``           ``orchestrator.trinity.algorithms.DsoDAPOAlgorithm``
-``ALGORITHM_TYPE``          ``dso_gigpo``          ``orchestrator.trinity.algorithms.DsoGiGPOAlgorithm``
-``POLICY_LOSS_FN``          ``dso_clip_higher``    ``orchestrator.trinity.loss.DsoClipHigherPolicyLossFn``
-``ADVANTAGE_FN``            ``dso_grpo``           ``orchestrator.trinity.advantage.DsoGRPOAdvantageFn``
-``ADVANTAGE_FN``            ``dso_gigpo``          ``orchestrator.trinity.advantage.DsoGiGPOAdvantageFn``
-``ADVANTAGE_FN``            ``dso_gigpo_index``    ``orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn``
-``EXPERIENCE_OPERATORS``    ``dso_orchestrator``   ``orchestrator.trinity.operator.OrchestratorOperator``
-``SELECTORS``               ``dso_orchestrator``   ``orchestrator.trinity.selector.OrchestratorTaskSelector``
-==========================  =====================  ======================================================
+==========================  ========================  ======================================================
+registry                    name                      class (dotted path usable in the YAML)
+==========================  ========================  ======================================================
+``ALGORITHM_TYPE``          ``dso_dapo``              ``orchestrator.trinity.algorithms.DsoDAPOAlgorithm``
+``ALGORITHM_TYPE``          ``dso_gigpo``             ``orchestrator.trinity.algorithms.DsoGiGPOAlgorithm``
+``POLICY_LOSS_FN``          ``dso_clip_higher``       ``orchestrator.trinity.loss.DsoClipHigherPolicyLossFn``
+``ADVANTAGE_FN``            ``dso_grpo``              ``orchestrator.trinity.advantage.DsoGRPOAdvantageFn``
+``ADVANTAGE_FN``            ``dso_gigpo``             ``orchestrator.trinity.advantage.DsoGiGPOAdvantageFn``
+``ADVANTAGE_FN``            ``dso_gigpo_index``       ``orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn``
+``EXPERIENCE_OPERATORS``    ``dso_orchestrator``      ``orchestrator.trinity.operator.OrchestratorOperator``
+``SELECTORS``               ``dso_orchestrator``      ``orchestrator.trinity.selector.OrchestratorTaskSelector``
+``WORKFLOWS``               ``dso_frozenlake_steps``  ``orchestrator.trinity.workflow.DsoFrozenLakeStepsWorkflow``
+==========================  ========================  ======================================================
 
 Idempotent: importing, re-executing a plugin shim or calling :func:`register` again is harmless.
 Built-ins (``dapo``, ``gigpo``, ``grpo``) keep resolving to Trinity's own classes.
@@ -39,13 +40,15 @@ import logging
 
 from trinity.algorithm import ADVANTAGE_FN, ALGORITHM_TYPE, POLICY_LOSS_FN
 from trinity.buffer.operators import EXPERIENCE_OPERATORS
+from trinity.common.workflows import WORKFLOWS
 
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.operator import OrchestratorOperator
-from orchestrator.trinity.registry import INDEX_ADVANTAGE_NAME, OPERATOR_NAME, SELECTOR_NAME, register_into
+from orchestrator.trinity.registry import INDEX_ADVANTAGE_NAME, OPERATOR_NAME, SELECTOR_NAME, WORKFLOW_NAME, register_into
 from orchestrator.trinity.selector import OrchestratorTaskSelector
+from orchestrator.trinity.workflow import DsoFrozenLakeStepsWorkflow
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -65,6 +68,7 @@ def register() -> bool:
     register_into(ADVANTAGE_FN, "dso_gigpo", DsoGiGPOAdvantageFn)
     register_into(ADVANTAGE_FN, INDEX_ADVANTAGE_NAME, DsoGiGPOIndexAdvantageFn)
     register_into(EXPERIENCE_OPERATORS, OPERATOR_NAME, OrchestratorOperator)
+    register_into(WORKFLOWS, WORKFLOW_NAME, DsoFrozenLakeStepsWorkflow)
     try:
         from trinity.buffer.selector import SELECTORS
     except ImportError as err:  # pragma: no cover - depends on the install

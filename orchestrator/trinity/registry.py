@@ -24,6 +24,9 @@ LOSS_CLASS_PATH = "orchestrator.trinity.loss.DsoClipHigherPolicyLossFn"
 GIGPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOAdvantageFn"
 INDEX_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn"
 GRPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGRPOAdvantageFn"
+WORKFLOW_NAME = "dso_frozenlake_steps"
+"""Registered name of the step-wise FrozenLake workflow (one experience per environment step)."""
+WORKFLOW_CLASS_PATH = "orchestrator.trinity.workflow.DsoFrozenLakeStepsWorkflow"
 
 
 class RegistryConflictError(KeyError):
