@@ -165,6 +165,24 @@ def register(app: typer.Typer) -> None:
         console.print(train_table(summary))
         console.print(f"written: {cfg.out_dir / 'train.json'}, " + ", ".join(summary["plots"]))
 
+    @app.command("compare-gigpo")
+    def compare_gigpo(
+        seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
+        budget: int | None = typer.Option(None, min=1, help="Trajectories per arm and seed (default: the comparison's)."),
+        out: Path = typer.Option(Path("runs/gigpo-compare"), help="Output directory (comparison.md, comparison.png, runs)."),
+        arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
+    ) -> None:
+        """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
+        from orchestrator.jobs.gigpo_compare import ARMS, run_comparison
+
+        chosen = list(ARMS) if not arms else [a.strip() for a in arms.split(",")]
+        unknown = [a for a in chosen if a not in ARMS]
+        if unknown:
+            raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(ARMS)}", param_hint="--arms")
+        result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
+        console.print(result["markdown"])
+        console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")
+
     @app.command("ablate-dapo")
     def ablate_dapo(
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),

@@ -82,7 +82,7 @@ class GiGPOTrainConfig(BaseModel):
     redis_url: str | None = Field(None, description="Anchor index in Redis (redis://host:port/db); None: in memory.")
     # training
     trainer: TrainerConfig = Field(default_factory=_trainer)
-    rollout_budget: int = Field(6_000, ge=1, description="Stop once this many trajectories were generated (eval excluded).")
+    rollout_budget: int = Field(4_800, ge=1, description="Stop once this many trajectories were generated (eval excluded; 75 steps of 64).")
     max_steps: int = Field(10_000, ge=1, description="Upper bound on train steps.")
     eval_every: int = Field(10, ge=1, description="Held-out evaluation every this many steps.")
     eval_runs: int = Field(8, ge=1, description="Trajectories per held-out map at an evaluation.")
@@ -138,8 +138,9 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         log: called with start-up messages.
     Returns:
         ``{"config", "wall_seconds", "start_train_success", "end_train_success",
-        "start_heldout_success", "end_heldout_success", "steps_done", "trajectories", "steps",
-        "evals", "sync", "metrics_text"}``.
+        "start_heldout_success", "end_heldout_success", "steps_done", "trajectories", "backend"
+        ("memory" | "redis"), "anchor_prefix" (the Redis key namespace), "sync", "evals", "steps",
+        "plots"}``; the Prometheus exposition of the orchestrator at the end is in ``out_dir/metrics.prom``.
     Raises:
         orchestrator.train.sync.WeightSyncError, orchestrator.train.trainer.TrainStepError,
         orchestrator.anchors.index.AnchorIndexError (Redis unreachable),
@@ -175,8 +176,8 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
     engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=cfg.seed,
                                          enable_prefix_caching=False)
     ray.get(engine.ready.remote(), timeout=600)
-    index_cfg = AnchorIndexConfig(redis_url=cfg.redis_url, prefix=f"dso:gigpo-train-{uuid.uuid4().hex[:8]}") \
-        if cfg.redis_url else AnchorIndexConfig()
+    prefix = f"dso:gigpo-train-{uuid.uuid4().hex[:8]}"
+    index_cfg = AnchorIndexConfig(redis_url=cfg.redis_url, prefix=prefix)
     actor = OrchestratorActor.options(name=f"dso-gigpo-{uuid.uuid4().hex[:8]}").remote(
         ResamplingPolicy(target_groups=cfg.train_maps, group_size=cfg.n), TaskSet(train_tasks), seed=cfg.seed,
         metrics=DSOMetrics(), anchor_index=index_cfg)
@@ -257,6 +258,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         "config": json.loads(cfg.model_dump_json()),
         "wall_seconds": round(time.monotonic() - started, 1),
         "backend": backend,
+        "anchor_prefix": prefix,
         "start_train_success": window("success_rate", steps[:k]),
         "end_train_success": window("success_rate", steps[-k:]),
         "start_heldout_success": evals[0]["heldout_success"],

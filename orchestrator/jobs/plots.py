@@ -95,11 +95,12 @@ def plot_training(summary: dict, out_dir: Path) -> list[Path]:
     return [curves, sampling]
 
 
-def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path) -> Path:
-    """Held-out accuracy vs rollouts, one line per arm (mean over seeds, band = min..max).
+def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path, *, xlabel: str = "rollouts generated",
+                  ylabel: str = "held-out accuracy (avg@k)") -> Path:
+    """A measure vs budget, one line per arm (mean over seeds, band = min..max).
 
     Args:
-        curves: arm -> one list of (rollouts, accuracy) per seed.
+        curves: arm -> one list of (budget, value) per seed (default: rollouts, held-out accuracy).
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -108,8 +109,8 @@ def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path
         ys = np.array([np.interp(grid, [p[0] for p in r], [p[1] for p in r]) for r in runs])
         ax.plot(grid, ys.mean(0), label=arm)
         ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.15)
-    ax.set_xlabel("rollouts generated")
-    ax.set_ylabel("held-out accuracy (avg@k)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)

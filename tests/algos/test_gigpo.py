@@ -18,6 +18,7 @@ from algos.gigpo import (
     discounted_returns,
     episode_advantages,
     gigpo_advantages,
+    multi_step_grpo_advantages,
     similarity_anchor_ids,
 )
 from algos.groups import normalise_in_groups
@@ -400,3 +401,33 @@ def test_job_with_act_callable_writes_summary(tmp_path):
     r = run_gigpo_job(GiGPOJobConfig(tasks=2, n=3, max_steps=4, policy="engine", out_dir=tmp_path), act=act)
     assert calls and calls[0] == 6 and r["steps"] == sum(calls)
     assert (tmp_path / "gigpo.json").exists()
+
+
+# ------------------------------------------------------------------ multi-step GRPO (the baseline)
+def test_multi_step_grpo_broadcasts_each_last_step_reward_normalised_in_its_task():
+    # task a: runs 0, 1, 2 end with rewards 1, 0, 0 (earlier steps' rewards are ignored);
+    # mean 1/3, sample std sqrt(1/3): run 0 -> (2/3) / sqrt(1/3) = 1.1547, runs 1, 2 -> -0.57735.
+    # task b has one run: Trinity scores it against mean 0, std 1 -> 2 / (1 + 1e-6).
+    task = ["a", "a", "a", "a", "a", "a", "b"]
+    run = [0, 0, 1, 2, 2, 2, 0]
+    step = [0, 1, 0, 0, 1, 2, 0]
+    reward = [0.5, 1.0, 0.0, 0.3, 0.0, 0.0, 2.0]
+    adv = multi_step_grpo_advantages(task, run, step, reward)
+    third = math.sqrt(1 / 3)
+    expected = [(2 / 3) / (third + 1e-6)] * 2 + [(-1 / 3) / (third + 1e-6)] * 4 + [2 / (1 + 1e-6)]
+    np.testing.assert_allclose(adv, expected, rtol=1e-12)
+
+
+def test_multi_step_grpo_equals_omega_zero_gigpo_when_only_the_last_step_is_rewarded():
+    task = ["a"] * 5 + ["b"] * 4
+    run = [0, 0, 1, 2, 2, 0, 1, 1, 2]
+    step = [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    reward = [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    hashes = [f"h{s}" for s in step]
+    ours = gigpo_advantages(task, run, step, reward, hashes, config=GiGPOConfig(omega=0.0))
+    np.testing.assert_allclose(multi_step_grpo_advantages(task, run, step, reward), ours.advantages, rtol=1e-12)
+
+
+def test_multi_step_grpo_rejects_a_nan_reward_naming_task_run_and_step():
+    with pytest.raises(InvalidStepError, match=r"non-finite value nan at row 1 \(task 'a', run 0, step 1\)"):
+        multi_step_grpo_advantages(["a", "a"], [0, 0], [0, 1], [0.0, float("nan")])

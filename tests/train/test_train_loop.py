@@ -154,6 +154,6 @@ def test_a_group_two_model_versions_old_is_dropped_as_stale(engine, model_dir, t
     second = ray.get(actor.next_batch.remote())
     stats = ray.get(actor.get_stats.remote())
     ray.kill(actor)
-    assert stats["dropped_by_reason"]["stale"] >= 1
-    assert stats["model_version"] == 2
+    assert stats.dropped_by_reason["stale"] >= 1
+    assert stats.model_version == 2
     assert all(g.model_version == 2 for g in second.groups)

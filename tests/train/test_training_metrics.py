@@ -49,3 +49,26 @@ def test_dashboard_has_a_training_row_on_the_exported_names():
     for name in ("dso_train_heldout_accuracy", "dso_train_entropy_nats", "dso_train_kl_ref_nats", "dso_train_pg_clipfrac",
                  "dso_train_reward_mean", "dso_train_reward_group_std", "dso_train_model_version"):
         assert name in exprs
+
+
+def test_gigpo_step_measures_are_exported_as_gauges():
+    actor = Orchestrator(ResamplingPolicy(target_groups=1, group_size=2), ScriptedTasks(["t0"]), metrics=DSOMetrics())
+    actor.report_training(1, {"success_rate": 0.25, "heldout_success": 0.125, "episode_length": 5.5,
+                              "anchor_group_fraction": 0.75, "mean_abs_step_advantage": 0.5, "mean_abs_episode_advantage": 0.875})
+    s = _samples(asyncio.run(actor.metrics_text()))
+    assert s[("dso_train_success_rate", frozenset())] == 0.25
+    assert s[("dso_train_heldout_success_rate", frozenset())] == 0.125
+    assert s[("dso_train_episode_length_steps", frozenset())] == 5.5
+    assert s[("dso_gigpo_anchor_group_fraction", frozenset())] == 0.75
+    assert s[("dso_gigpo_step_advantage_abs_mean", frozenset())] == 0.5
+    assert s[("dso_gigpo_episode_advantage_abs_mean", frozenset())] == 0.875
+
+
+def test_dashboard_has_a_gigpo_row_on_the_exported_names():
+    dash = json.loads((ROOT / "deploy/grafana/dashboards/trinity-dso.json").read_text())
+    assert any("GiGPO" in p["title"] for p in dash["panels"] if p["type"] == "row")
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    for name in ("dso_train_success_rate", "dso_train_heldout_success_rate", "dso_gigpo_anchor_group_fraction",
+                 "dso_gigpo_step_advantage_abs_mean", "dso_gigpo_episode_advantage_abs_mean", "dso_anchor_group_size_bucket",
+                 "dso_train_episode_length_steps"):
+        assert name in exprs

@@ -261,3 +261,21 @@ def test_dso_grpo_refuses_trinity_options_it_does_not_offer():
 def test_dso_grpo_is_registered():
     register()
     assert ADVANTAGE_FN.get("dso_grpo") is DsoGRPOAdvantageFn
+
+
+# ------------------------------------------------------------------ multi-step GRPO vs Trinity's own
+def test_multi_step_grpo_equals_trinitys_multi_step_grpo_on_real_experiences():
+    from trinity.algorithm.advantage_fn.multi_step_grpo_advantage import StepWiseGRPOAdvantageFn
+
+    from algos.gigpo import multi_step_grpo_advantages
+
+    # two tasks; last-step rewards 1, 0, 0.5 (task 0) and 1, 1 (task 1, equal -> 0), plus a lone run (task 2)
+    layout = [(0, 0, [0.0, 1.0]), (0, 1, [0.0]), (0, 2, [0.0, 0.0, 0.5]), (1, 0, [1.0]), (1, 1, [0.0, 1.0]), (2, 0, [3.0])]
+    exps = [texp(0, task, run, step, reward=r, mask=[1, 1, 1]) for task, run, rewards in layout for step, r in enumerate(rewards)]
+    ours = multi_step_grpo_advantages([e.eid.task for e in exps], [e.eid.run for e in exps], [e.eid.step for e in exps],
+                                      [e.reward for e in exps])
+    theirs, _ = StepWiseGRPOAdvantageFn().process(copy.deepcopy(exps))
+    by_id = {(e.eid.task, e.eid.run, e.eid.step): float(e.advantages[0]) for e in theirs}
+    expected = [by_id[(e.eid.task, e.eid.run, e.eid.step)] for e in exps]
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)  # Trinity computes in float32
+    assert ours[-1] == pytest.approx(3.0 / (1 + 1e-6))
