@@ -137,6 +137,9 @@ class GiGPOConfig(BaseModel):
     episode_weighting: EpisodeWeighting = "trajectory"
     invalid_action_penalty: float = Field(0.0, ge=0.0)
     similarity_threshold: float | None = Field(None, gt=0.0, le=1.0)
+    max_version_spread: int | None = Field(
+        None, ge=0, description="largest model-version difference allowed among the steps of one task's runs "
+        "(the staleness limit; checked when gigpo_advantages gets model_versions); None: unchecked")
     similarity: Similarity = "ratio"
     std: StdConvention = "sample"
     singleton_episode: SingletonEpisode = "zero"
@@ -546,6 +549,24 @@ def hash_keys(hashes: Any) -> np.ndarray:
     return np.array([x.hex() if isinstance(x, (bytes, bytearray)) else x for x in h.tolist()], dtype=str).reshape(h.shape)
 
 
+def _check_versions(v: np.ndarray, tk: np.ndarray, rn: np.ndarray, st: np.ndarray, spread: int) -> None:
+    """Refuse a task whose steps' model versions differ by more than ``spread``; the message names
+    the task, the run and step of its oldest step, and both versions."""
+    _same_length(task_ids=tk, model_versions=v)
+    if v.size == 0:
+        return
+    task_code, num = encode_keys(tk)
+    newest = np.full(num, np.iinfo(np.int64).min)
+    np.maximum.at(newest, task_code, v)
+    lag = newest[task_code] - v
+    if (lag > spread).any():
+        i = int(np.argmax(lag))
+        raise InvalidStepError(
+            f"model_versions: task {_r(tk[i])} run {_r(rn[i])} step {_r(st[i])} was produced by model version {int(v[i])}, "
+            f"{int(lag[i])} versions before the task's newest step ({int(newest[task_code[i]])}); max_version_spread is {spread}"
+        )
+
+
 def _check_hashes(h: np.ndarray, tk: np.ndarray, runs: np.ndarray | None = None, steps: np.ndarray | None = None) -> None:
     def where(i: int) -> str:
         w = f"task {_r(tk[i])}"
@@ -700,6 +721,7 @@ def gigpo_advantages(
     config: GiGPOConfig | None = None,
     invalid: Any = None,
     state_texts: Sequence[str] | None = None,
+    model_versions: Any = None,
 ) -> GiGPOAdvantages:
     """GiGPO advantages for a batch of step rows: ``A = A^E + omega * A^S`` (Eq. 8).
 
@@ -719,6 +741,9 @@ def gigpo_advantages(
         config: :class:`GiGPOConfig`; defaults to the paper's settings.
         invalid: optional (S,) bool, True where the action was invalid.
         state_texts: (S,) str, needed when ``config.similarity_threshold`` is set.
+        model_versions: optional (S,) int, the model version that produced each step; with
+            ``config.max_version_spread`` set, a task whose runs span more versions is refused
+            (their steps are not comparable samples of one policy, Eq. 3 and 7).
     Returns:
         :class:`GiGPOAdvantages`, each field (S,) in the input order.
     Raises:
@@ -740,6 +765,8 @@ def gigpo_advantages(
         raise InvalidStepError(f"reward: non-finite value {_r(r[i])} at row {i} (task {_r(tk[i])}, run {_r(rn[i])}, step {_r(st[i])})")
     _check_hashes(h, tk, rn, st)
     st = _check_steps(st)
+    if model_versions is not None and cfg.max_version_spread is not None:
+        _check_versions(_as_1d(model_versions, "model_versions", np.int64), tk, rn, st, cfg.max_version_spread)
     penalty = np.zeros_like(r)
     if invalid is not None:
         inv = _as_1d(invalid, "invalid", bool)

@@ -48,6 +48,10 @@ def arm_config(arm: str, seed: int, out_dir: Path, budget: int | None = None) ->
     return GiGPOTrainConfig.model_validate(data)
 
 
+REACH = 0.5
+"""The training-map success whose first crossing (trajectories generated) the table reports."""
+
+
 def _stats(xs: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "min": min(xs), "max": max(xs)}
 
@@ -58,7 +62,9 @@ def run_comparison(out: Path, *, seeds: int = 3, budget: int | None = None, arms
 
     Returns:
         ``{"rows": [...], "markdown": str}``; each row: arm, per-seed end success on the training
-        and held-out maps, their mean/std/min/max, and means over seeds of the anchor-group
+        and held-out maps, their mean/std/min/max, the mean trajectories generated until the
+        training-map success first reached :data:`REACH` (over the seeds that reached it), and
+        means over seeds of the anchor-group
         fraction, |A_S|, |A_E| and episode length at the last step, trajectories and wall seconds.
     """
     import ray
@@ -77,7 +83,8 @@ def run_comparison(out: Path, *, seeds: int = 3, budget: int | None = None, arms
             if ray.is_initialized():
                 ray.shutdown()  # a fresh Ray per run: nothing carries over between arms
             last = s["steps"][-1]
-            runs.append({"seed": seed, "train": s["end_train_success"], "heldout": s["end_heldout_success"],
+            reach = [st["trajectories"] for st in s["steps"] if st["success_rate"] >= REACH]
+            runs.append({"to_reach": reach[0] if reach else None, "seed": seed, "train": s["end_train_success"], "heldout": s["end_heldout_success"],
                          "start_train": s["start_train_success"], "anchor_fraction": last["anchor_group_fraction"],
                          "abs_step_adv": last["mean_abs_step_advantage"], "abs_episode_adv": last["mean_abs_episode_advantage"],
                          "episode_length": last["episode_length"], "trajectories": s["trajectories"],
@@ -85,22 +92,27 @@ def run_comparison(out: Path, *, seeds: int = 3, budget: int | None = None, arms
             curves.setdefault(arm, []).append([(st["trajectories"], st["success_rate"]) for st in s["steps"]])
             say(f"{arm} seed {seed}: training-map success {s['start_train_success']:.3f} -> {s['end_train_success']:.3f}, "
                 f"held-out {s['start_heldout_success']:.3f} -> {s['end_heldout_success']:.3f} ({s['wall_seconds']} s)")
+        reached = [r["to_reach"] for r in runs if r["to_reach"] is not None]
         rows.append({"arm": arm, "runs": runs, "train": _stats([r["train"] for r in runs]),
+                     "to_reach": statistics.fmean(reached) if reached else None, "reached": len(reached),
                      "heldout": _stats([r["heldout"] for r in runs]),
                      **{k: statistics.fmean(r[k] for r in runs) for k in
                         ("start_train", "anchor_fraction", "abs_step_adv", "abs_episode_adv", "episode_length", "trajectories",
                          "wall_seconds")}})
     lines = [
         "| arm | training-map success, end (per seed) | mean ± std | held-out success, end (per seed) | mean ± std "
+        f"| trajectories to reach {REACH:.0%} training-map success (seeds reaching it) "
         "| steps in anchor groups > 1 | mean abs A_S | mean abs A_E | episode length | trajectories |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         train = ", ".join(f"{x['train']:.3f}" for x in r["runs"])
         held = ", ".join(f"{x['heldout']:.3f}" for x in r["runs"])
+        reach = "-" if r["to_reach"] is None else f"{r['to_reach']:.0f}"
         lines.append(
             f"| {r['arm']} | {train} | {r['train']['mean']:.3f} ± {r['train']['std']:.3f} "
             f"| {held} | {r['heldout']['mean']:.3f} ± {r['heldout']['std']:.3f} "
+            f"| {reach} ({r['reached']}/{len(r['runs'])}) "
             f"| {r['anchor_fraction']:.2f} | {r['abs_step_adv']:.3f} | {r['abs_episode_adv']:.3f} | {r['episode_length']:.1f} "
             f"| {r['trajectories']:.0f} |")
     markdown = "\n".join(lines) + "\n"

@@ -47,12 +47,15 @@ __all__ = ["GiGPOTrainConfig", "run_gigpo_training", "step_summary"]
 
 
 def _gigpo() -> GiGPOConfig:
-    return GiGPOConfig(invalid_action_penalty=0.1)
+    # synchronous loop: every step of a batch comes from one model version (spread 0 is checked)
+    return GiGPOConfig(invalid_action_penalty=0.1, max_version_spread=0)
 
 
 def _trainer() -> TrainerConfig:
-    # symmetric PPO clip as verl-agent's GiGPO runs (clip_ratio 0.2); token-mean over all steps
-    return TrainerConfig(lr=1e-3, eps_high=0.2, mini_batches=2, micro_batch_seqs=256)
+    # symmetric PPO clip as verl-agent's GiGPO runs (clip_ratio 0.2); token-mean over all steps.
+    # lr 1e-3 with 4 updates per batch, measured: 2 updates reached 0.33 training-map success in
+    # 75 steps (seed 0), 4 updates 0.625 by step 15-30 (lr 3e-3 the same, sooner collapsed).
+    return TrainerConfig(lr=1e-3, eps_high=0.2, mini_batches=4, micro_batch_seqs=256)
 
 
 class GiGPOTrainConfig(BaseModel):
@@ -125,6 +128,7 @@ def _columns(exps: list[Experience]) -> dict[str, np.ndarray]:
         "rewards": np.array([e.reward for e in exps], dtype=np.float64),
         "hashes": np.array([e.info["env_state_hash"] for e in exps]),
         "invalid": np.array([bool(e.info["invalid_action"]) for e in exps]),
+        "versions": np.array([int(e.info["model_version"]) for e in exps]),
     }
 
 
@@ -210,7 +214,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
             t1 = time.monotonic()
             c = _columns(exps)
             pure = gigpo_advantages(c["task_ids"], c["run_ids"], c["step_ids"], c["rewards"], c["hashes"],
-                                    invalid=c["invalid"], config=g)
+                                    invalid=c["invalid"], model_versions=c["versions"], config=g)
             _, step_adv, _, _, _ = actor_step_advantages(
                 actor, batch_key, steps_for_index(exps, pure.returns), c["task_ids"], c["hashes"], pure.returns,
                 n=cfg.n, workers=cfg.workers, norm=g.norm, eps=g.eps)

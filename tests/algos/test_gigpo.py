@@ -431,3 +431,12 @@ def test_multi_step_grpo_equals_omega_zero_gigpo_when_only_the_last_step_is_rewa
 def test_multi_step_grpo_rejects_a_nan_reward_naming_task_run_and_step():
     with pytest.raises(InvalidStepError, match=r"non-finite value nan at row 1 \(task 'a', run 0, step 1\)"):
         multi_step_grpo_advantages(["a", "a"], [0, 0], [0, 1], [0.0, float("nan")])
+
+
+def test_a_task_whose_runs_span_too_many_model_versions_is_refused_naming_task_run_and_step():
+    cfg = GiGPOConfig(max_version_spread=1)
+    args = (["a", "a", "a", "b"], [0, 0, 1, 0], [0, 1, 0, 0], [0.0, 1.0, 0.0, 1.0], ["s0", "s1", "s0", "t0"])
+    with pytest.raises(InvalidStepError, match=r"task 'a' run 1 step 0 was produced by model version 3, 2 versions before"):
+        gigpo_advantages(*args, config=cfg, model_versions=[5, 5, 3, 0])
+    ok = gigpo_advantages(*args, config=cfg, model_versions=[5, 5, 4, 0])  # spread 1 within task a; b alone
+    np.testing.assert_array_equal(ok.advantages, gigpo_advantages(*args).advantages)

@@ -28,3 +28,13 @@ def test_bad_config_value_names_field(tmp_path):
     bad.write_text("policy:\n  target_groups: 0\n")
     with pytest.raises(typer.BadParameter, match=r"policy.target_groups: .* \(got 0\)"):
         load_yaml_model(bad, DemoConfig)
+
+
+def test_the_selection_comparison_configs_differ_only_in_selection_and_output():
+    from orchestrator.jobs.dapo_train import DapoTrainConfig
+
+    inf = load_yaml_model(EXAMPLES / "train_informative.yaml", DapoTrainConfig)
+    epoch = load_yaml_model(EXAMPLES / "train_epoch.yaml", DapoTrainConfig)
+    assert inf.policy.selection == "informative" and epoch.policy.selection == "epoch"
+    assert inf.policy.model_copy(update={"selection": "epoch"}) == epoch.policy
+    assert inf.rollout_budget == epoch.rollout_budget == 6000
