@@ -100,6 +100,15 @@ def gigpo_train_table(summary: dict) -> Table:
     return t
 
 
+def _arms(arms: str | None, known: dict) -> list[str]:
+    """The arms named in ``--arms`` (comma-separated; None: all), each checked against ``known``."""
+    chosen = list(known) if not arms else [a.strip() for a in arms.split(",")]
+    unknown = [a for a in chosen if a not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(known)}", param_hint="--arms")
+    return chosen
+
+
 def register(app: typer.Typer) -> None:
     """Add ``train``, ``ablate-dapo``, ``train-gigpo`` and ``compare-gigpo`` to ``app``."""
 
@@ -175,10 +184,7 @@ def register(app: typer.Typer) -> None:
         """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
         from orchestrator.jobs.gigpo_compare import ARMS, run_comparison
 
-        chosen = list(ARMS) if not arms else [a.strip() for a in arms.split(",")]
-        unknown = [a for a in chosen if a not in ARMS]
-        if unknown:
-            raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(ARMS)}", param_hint="--arms")
+        chosen = _arms(arms, ARMS)
         result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])
         console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")
@@ -193,10 +199,7 @@ def register(app: typer.Typer) -> None:
         """Full DAPO vs each technique switched off alone vs plain GRPO, same rollout budget."""
         from orchestrator.jobs.ablation import ARMS, run_ablation
 
-        chosen = list(ARMS) if not arms else [a.strip() for a in arms.split(",")]
-        unknown = [a for a in chosen if a not in ARMS]
-        if unknown:
-            raise typer.BadParameter(f"unknown arm(s) {unknown}; choose from {list(ARMS)}", param_hint="--arms")
+        chosen = _arms(arms, ARMS)
 
         def say(msg: str) -> None:
             console.print(escape(msg), soft_wrap=True)

@@ -43,7 +43,7 @@ class DapoTrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = 0
+    seed: int = Field(0, description="Seeds tasks or maps, warm start, sampling and the trainer's mini-batch shuffle (trainer.seed is replaced).")
     out_dir: Path = Path("runs/train")
     # task and policy
     task: str = Field("max", description="'max' (a,b -> max(a, b)) or 'add' (a+b -> a + b); see orchestrator.train.tiny.")
@@ -71,11 +71,9 @@ class DapoTrainConfig(BaseModel):
 
 
 def _policy_dir(cfg: DapoTrainConfig) -> Path:
-    import os
+    from orchestrator.rollout.model import cache_root
 
-    root = os.environ.get("TRINITY_DSO_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
-    return base / f"tiny-{cfg.task}{cfg.digits}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+    return cache_root() / f"tiny-{cfg.task}{cfg.digits}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
 
 
 def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, float]:
@@ -132,7 +130,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     held_tasks = list(held)
     actor = OrchestratorActor.options(name=f"dso-train-{uuid.uuid4().hex[:8]}").remote(
         cfg.policy, train, source, seed=cfg.seed, metrics=DSOMetrics())
-    trainer = PolicyTrainer(model_dir, cfg.trainer)
+    trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
 
     first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0")
     probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]

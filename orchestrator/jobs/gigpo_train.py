@@ -63,7 +63,7 @@ class GiGPOTrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = 0
+    seed: int = Field(0, description="Seeds tasks or maps, warm start, sampling and the trainer's mini-batch shuffle (trainer.seed is replaced).")
     out_dir: Path = Path("runs/gigpo")
     # environment
     map_size: int = Field(4, ge=2, le=5, description="FrozenLake grid side (gymnasium's 4x4 by default).")
@@ -93,11 +93,9 @@ class GiGPOTrainConfig(BaseModel):
 
 
 def _policy_dir(cfg: GiGPOTrainConfig) -> Path:
-    import os
+    from orchestrator.rollout.model import cache_root
 
-    root = os.environ.get("TRINITY_DSO_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
-    return base / f"tiny-frozenlake-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+    return cache_root() / f"tiny-frozenlake-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
 
 
 def step_summary(exps: list[Experience], episode: np.ndarray, step_adv: np.ndarray, anchor_sizes: np.ndarray) -> dict[str, float]:
@@ -187,7 +185,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         metrics=DSOMetrics(), anchor_index=index_cfg)
     backend = ray.get(actor.anchor_spec.remote())["backend"]
     say(f"anchor index: {backend} (the orchestrator's), {cfg.workers} advantage workers")
-    trainer = PolicyTrainer(model_dir, cfg.trainer)
+    trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
     act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed)
     eval_act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed + 7_777_777)
 

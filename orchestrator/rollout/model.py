@@ -31,16 +31,15 @@ class ModelNotFoundError(FileNotFoundError):
     """The packaged GGUF (or a tokenizer directory) cannot be found."""
 
 
-def default_cache_dir() -> Path:
-    """The SmolLM2 cache directory.
-
-    Returns:
-        ``$TRINITY_DSO_CACHE/smollm2-135m-instruct`` when the environment variable is set,
-        else ``~/.cache/trinity-dso/smollm2-135m-instruct``.
-    """
+def cache_root() -> Path:
+    """Where prepared models live: ``$TRINITY_DSO_CACHE`` when set, else ``~/.cache/trinity-dso``."""
     root = os.environ.get("TRINITY_DSO_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
-    return base / "smollm2-135m-instruct"
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "trinity-dso"
+
+
+def default_cache_dir() -> Path:
+    """The SmolLM2 cache directory, ``cache_root() / "smollm2-135m-instruct"``."""
+    return cache_root() / "smollm2-135m-instruct"
 
 
 def find_smollm2_gguf() -> Path:

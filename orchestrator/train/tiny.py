@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -178,24 +179,37 @@ def warm_start(
     Returns:
         the loss of every step.
     """
+    tasks = list(train)
+    gen = random.Random(seed)
+
+    def batch() -> tuple[list[list[int]], list[int]]:
+        seqs, starts = [], []
+        for t in [tasks[gen.randrange(len(tasks))] for _ in range(batch_size)]:
+            prompt = encode(t.prompt[0]["content"] + "=")
+            seqs.append(prompt + encode(t.answer) + [EOS_ID])
+            starts.append(len(prompt))
+        return seqs, starts
+
+    return _fit(model_dir, batch, steps=steps, lr=lr)
+
+
+def _fit(model_dir: Path, batch: Callable[[], tuple[list[list[int]], list[int]]], *, steps: int, lr: float) -> list[float]:
+    """``steps`` AdamW steps (constant ``lr``) of next-token loss on the tokens after each start.
+
+    ``batch()`` returns sequences and the index where each one's trained tokens begin; the
+    model in ``model_dir`` is trained in place and saved back. Returns the loss of every step.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    tasks = list(train)
-    gen = random.Random(seed)
     losses = []
     for _ in range(steps):
-        chosen = [tasks[gen.randrange(len(tasks))] for _ in range(batch_size)]
-        seqs, starts = [], []
-        for t in chosen:
-            prompt = encode(t.prompt[0]["content"] + "=")
-            seqs.append(prompt + encode(t.answer) + [EOS_ID])
-            starts.append(len(prompt))
+        seqs, starts = batch()
         width = max(map(len, seqs))
-        ids = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+        labels = torch.full((len(seqs), width), -100, dtype=torch.long)
         for i, (s, p) in enumerate(zip(seqs, starts)):
             ids[i, : len(s)] = torch.tensor(s)
             labels[i, p : len(s)] = torch.tensor(s[p:])
@@ -227,38 +241,22 @@ def warm_start_actions(model_dir: Path, prompts: list[list[int]], *, steps: int,
     """Supervised warm start on *uniformly random* action letters after each prompt.
 
     Teaches the answer format only (one of ``actions`` letters, the last ``actions`` tokens of
-    the vocabulary), not the task: the warm-started policy is close to a uniform random walk.
+    the FrozenLake vocabulary), not the task: the warm-started policy is close to a uniform
+    random walk.
     Trains the model in ``model_dir`` in place and saves it back.
 
     Returns:
         the loss of every step (``log(actions)`` once the letters are uniform).
     """
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    vocab = model.config.vocab_size
+    vocab = len(SPECIALS) + len(FROZENLAKE_CHARS)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
+
+    def batch() -> tuple[list[list[int]], list[int]]:
         rows = torch.randint(len(prompts), (batch_size,), generator=gen).tolist()
-        width = max(len(prompts[i]) for i in rows) + 1
-        ids = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        letters = vocab - actions + torch.randint(actions, (batch_size,), generator=gen)
-        for b, i in enumerate(rows):
-            p = prompts[i]
-            ids[b, : len(p)] = torch.tensor(p)
-            ids[b, len(p)] = letters[b]
-            labels[b, len(p)] = letters[b]
-        out = model(input_ids=ids, attention_mask=(ids != PAD_ID).long(), labels=labels)
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-        losses.append(float(out.loss.detach()))
-    model.save_pretrained(model_dir, safe_serialization=True)
-    return losses
+        letters = (vocab - actions + torch.randint(actions, (batch_size,), generator=gen)).tolist()
+        return [prompts[i] + [a] for i, a in zip(rows, letters)], [len(prompts[i]) for i in rows]
+
+    return _fit(model_dir, batch, steps=steps, lr=lr)
 
 
 def ensure_frozenlake_policy(out_dir: Path, *, size: int = 4, seed: int = 0, warm_steps: int = 20, hidden: int = 128,

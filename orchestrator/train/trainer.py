@@ -57,6 +57,8 @@ class TrainerConfig(BaseModel):
     mini_batches: int = Field(2, ge=1, description="Optimizer updates per train batch (DAPO: 16 = 512 prompts / 32; here 2).")
     micro_batch_seqs: int = Field(64, ge=1, description="Sequences per forward/backward pass (memory only: exact aggregation).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm (DAPO/verl: 1.0).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: loss - coef * entropy, aggregated like the loss "
+                                                       "(verl's entropy_coeff; DAPO: 0).")
     seed: int = Field(0, description="Seeds the mini-batch shuffle.")
 
     @model_validator(mode="after")
@@ -262,6 +264,8 @@ class PolicyTrainer:
             lp, ent = token_logprobs(self.model, ids, attn)
             tok_loss, flags = clip_higher_token_loss(lp, old, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                                                      dual_clip=cfg.dual_clip)
+            if cfg.entropy_coef:  # verl's dp_actor: policy_loss = pg_loss - entropy_coeff * agg_loss(entropy)
+                tok_loss = tok_loss - cfg.entropy_coef * ent
             loss = aggregate_loss(tok_loss, mask, cfg.loss_agg, global_tokens=total_tokens, global_seqs=total_seqs,
                                   norm_length=self.norm_length)
             if not torch.isfinite(loss):
