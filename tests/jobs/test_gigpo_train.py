@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
@@ -14,7 +11,6 @@ from orchestrator.envs import frozenlake
 from orchestrator.jobs.gigpo_compare import ARMS, arm_config
 from orchestrator.jobs.gigpo_train import GiGPOTrainConfig, run_gigpo_training
 from orchestrator.train.tiny import FROZENLAKE_ACTIONS, FROZENLAKE_CHARS, FROZENLAKE_TEMPLATE, build_tiny_llama
-from orchestrator.train.trainer import PolicyTrainer, TrainerConfig
 
 
 def _samples(text: str) -> dict:
@@ -31,22 +27,6 @@ def test_the_frozenlake_policy_sees_the_grid_as_one_row_string(tiny_frozenlake):
     prompt = frozenlake.make_prompt(["SFFF", "FHFH", "FFFH", "HFFG"], 1, 2)
     assert tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) == "SFFF|FHPH|FFFH|HFFG="
     assert [tok.convert_ids_to_tokens(tok.convert_tokens_to_ids(a)) for a in FROZENLAKE_ACTIONS] == list(FROZENLAKE_ACTIONS)
-
-
-def test_train_on_rejects_a_nan_advantage_naming_task_run_and_step(tiny_frozenlake):
-    exps = frozenlake.run_episodes(frozenlake.make_tasks(1), 2, lambda prompts, choices: [
-        {"text": "L", "token_ids": [FROZENLAKE_CHARS.index("L") + 3], "prompt_token_ids": [7, 9], "logprobs": [-1.0]}
-        for _ in prompts], max_steps=2, choices=FROZENLAKE_ACTIONS)
-    trainer = PolicyTrainer(tiny_frozenlake, TrainerConfig(mini_batches=1))
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    adv = torch.zeros(len(exps))
-    adv[3] = math.nan
-    e = exps[3]
-    with pytest.raises(ValueError, match=rf"task {e.eid.task!r} run {e.eid.run} step {e.eid.step}"):
-        trainer.train_on(exps, adv)
-    with pytest.raises(ValueError, match=r"advantages: expected shape \(4,\)"):
-        trainer.train_on(exps, torch.zeros(3))
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
 
 def test_comparison_arms_change_only_what_they_name(tmp_path):
