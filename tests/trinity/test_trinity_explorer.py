@@ -392,9 +392,11 @@ def gigpo_run(tmp_path_factory, tiny_model, engine_model):
     exps: list = []
 
     async def read_all():
+        # one experience per read: Trinity's QueueReader drops a short final batch (TimeoutError after
+        # taking it off the queue), and a multi-turn batch's size is not a multiple of any read size
         while True:
             try:
-                exps.extend(await reader.read())
+                exps.extend(await reader.read(batch_size=1))
             except (StopAsyncIteration, TimeoutError):
                 return
 
@@ -411,14 +413,12 @@ def gigpo_run(tmp_path_factory, tiny_model, engine_model):
     client.close()
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("DSO_RUN_GIGPO_EXPLORER"), reason="not yet verified: on the loaded 2-core machine the dso_gigpo_index run did not finish within 8 minutes (hang or slowness not yet diagnosed)")
 def test_gigpo_index_run_with_redis_finishes(gigpo_run):
     assert gigpo_run["status"].success, gigpo_run["status"].error
     assert gigpo_run["config"].algorithm.advantage_fn_args["namespace"] == "trinity-dso"
     assert gigpo_run["anchor_stats"]["backend"] == "redis" and gigpo_run["redis_keys"]
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("DSO_RUN_GIGPO_EXPLORER"), reason="not yet verified: on the loaded 2-core machine the dso_gigpo_index run did not finish within 8 minutes (hang or slowness not yet diagnosed)")
 def test_gigpo_index_advantages_at_the_buffer_equal_the_per_batch_computation(gigpo_run):
     from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
 
