@@ -37,4 +37,4 @@ def test_the_selection_comparison_configs_differ_only_in_selection_and_output():
     epoch = load_yaml_model(EXAMPLES / "train_epoch.yaml", DapoTrainConfig)
     assert inf.policy.selection == "informative" and epoch.policy.selection == "epoch"
     assert inf.policy.model_copy(update={"selection": "epoch"}) == epoch.policy
-    assert inf.rollout_budget == epoch.rollout_budget == 4000
+    assert inf.rollout_budget == epoch.rollout_budget == 12000
