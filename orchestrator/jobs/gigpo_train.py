@@ -15,7 +15,8 @@ One training step (GiGPO, arXiv 2505.10978, Algorithm 1):
    letter per turn; a non-action token is an invalid action: the agent stays and the step is
    penalised by ``gigpo.invalid_action_penalty``, verl-agent's ``invalid_action_penalty_coef``);
 2. step returns (Eq. 5) and episode advantages A^E (Eq. 3) in the coordinator, step advantages
-   A^S (Eq. 7) through the anchor index by the workers, ``A = A^E + omega * A^S`` (Eq. 8);
+   A^S (Eq. 7) through the anchor index by the workers (checked against the single-process
+   A^S to 1e-9 every step), ``A = A^E + omega * A^S`` (Eq. 8);
    ``advantage="multi_step_grpo"`` instead broadcasts the last step's group-relative reward to
    every step of its trajectory (Trinity's ``multi_step_grpo``,
    :func:`algos.gigpo.multi_step_grpo_advantages`);
@@ -155,7 +156,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
     from orchestrator.core.policy import ResamplingPolicy
     from orchestrator.envs import frozenlake
     from orchestrator.envs.policies import engine_sample_act
-    from orchestrator.jobs.gigpo import actor_step_advantages, steps_for_index
+    from orchestrator.jobs.gigpo import GiGPOJobError, actor_step_advantages, steps_for_index
     from orchestrator.service.actor import OrchestratorActor
     from orchestrator.service.metrics import DSOMetrics
     from orchestrator.tasks.taskset import TaskSet
@@ -217,6 +218,11 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
             _, step_adv, _, _, _ = actor_step_advantages(
                 actor, batch_key, steps_for_index(exps, pure.returns), c["task_ids"], c["hashes"], pure.returns,
                 n=cfg.n, workers=cfg.workers, norm=g.norm, eps=g.eps)
+            # the in-process A^S is the check of the distributed one (as run_gigpo_job checks it)
+            diff = float(np.max(np.abs(step_adv - pure.step))) if len(exps) else 0.0
+            if not diff <= 1e-9:  # also catches NaN (a row no worker answered)
+                raise GiGPOJobError(f"step {step + 1}: step advantages from the anchor index differ from the "
+                                    f"single-process ones by {diff:.3g}")
             if cfg.advantage == "gigpo":
                 advantages = pure.episode + g.omega * step_adv
             else:
@@ -234,7 +240,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
             row = {
                 "step": step, "trajectories": trajectories, "model_version": version,
                 **step_summary(exps, pure.episode, step_adv, pure.anchor_sizes),
-                "mean_abs_advantage": float(np.mean(np.abs(advantages))),
+                "mean_abs_advantage": float(np.mean(np.abs(advantages))), "max_abs_diff_vs_pure": diff,
                 "rollout_seconds": rollout_s, "advantage_seconds": advantage_s, "train_seconds": train_s,
                 "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
             }

@@ -54,6 +54,7 @@ def test_a_short_gigpo_run_trains_through_the_orchestrators_memory_index(tmp_pat
     # the 4 runs of a map all start on its start cell: at least those steps share an anchor group
     assert first["anchor_group_fraction"] >= 16 / (16 * first["episode_length"]) - 1e-9
     assert first["model_version"] == 1 and s["steps"][1]["model_version"] == 2
+    assert all(st["max_abs_diff_vs_pure"] <= 1e-9 for st in s["steps"])
     assert len(s["evals"]) == 3 and (tmp_path / "run" / "gigpo_curves.png").is_file()
     m = _samples((tmp_path / "run" / "metrics.prom").read_text())
     assert m[("dso_train_steps_total", frozenset())] == 2
