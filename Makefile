@@ -45,7 +45,7 @@ demo-sampling: $(STAMP)
 ablate: $(STAMP)
 	$(VENV)/bin/trinity-dso ablate-dapo
 
-# GiGPO training run (FrozenLake agent, anchor index + advantage workers, trainer), about 10 minutes.
+# GiGPO training run (FrozenLake agent, anchor index + advantage workers, trainer), about 2 minutes.
 demo-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso train-gigpo
 

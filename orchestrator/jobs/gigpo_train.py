@@ -61,7 +61,7 @@ def _trainer() -> TrainerConfig:
 
 
 class GiGPOTrainConfig(BaseModel):
-    """Embedded defaults of ``trinity-dso train-gigpo`` (``make demo-gigpo``): about 10 minutes on 2 cores."""
+    """Embedded defaults of ``trinity-dso train-gigpo`` (``make demo-gigpo``): about 2 minutes on 2 idle cores (measured 87-111 s)."""
 
     model_config = ConfigDict(extra="forbid")
 
