@@ -303,6 +303,10 @@ def test_every_metric_in_the_dashboard_exists_in_a_live_scrape(live):
     ray.get(handle.report_training.remote(1, {"entropy": 0.5, "kl_ref": 0.0, "reward_mean": 0.0, "reward_std_group": 1.0,
                                               "heldout_acc": 0.5, "model_version": 1, "pg_clipfrac": 0.0,
                                               "pg_clipfrac_lower": 0.0, "pg_clipfrac_dual": 0.0, "sync_seconds": 0.01}))
+    # ... and the GiGPO row's until a GiGPO trainer does (orchestrator/jobs/gigpo_train.py)
+    ray.get(handle.report_training.remote(2, {"success_rate": 0.5, "heldout_success": 0.25, "episode_length": 4.0,
+                                              "anchor_group_fraction": 0.9, "mean_abs_step_advantage": 0.3,
+                                              "mean_abs_episode_advantage": 0.4}))
     names = {name for name, _ in scrape(client)}
     exprs = dashboard_exprs()
     used = {m for e in exprs for m in re.findall(r"\bdso_[a-z0-9_]+", e)}
