@@ -61,7 +61,7 @@ from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import EpochSelection, InformativeSelection, SelectionContext, TaskSelection
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats
-from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Purpose, UnknownTaskError
+from orchestrator.core.types import Batch, Experience, ExperienceId, Group, GroupTable, Purpose, UnknownTaskError
 from orchestrator.core.validate import MAX_INT32, check_group
 
 log = logging.getLogger("trinity_dso.core")
@@ -80,21 +80,12 @@ class DataExhaustedError(RuntimeError):
     """No task is left to roll out (``max_epochs`` or ``max_rollouts`` reached) and no batch remains."""
 
 
-def rollout_versions(group: Group) -> np.ndarray:
-    """(n,) int64: the model version of each rollout (``info["model_version"]``, else the group's)."""
-    return np.array([int(r.info.get("model_version", group.model_version)) for r in group.rollouts], dtype=np.int64)
-
-
 def rollout_lags(batch: Batch) -> list[int]:
     """Staleness lag, in model versions, of every trained rollout of a batch (not padding, not masked).
 
     ``lag = batch.model_version - rollout model version`` (see the module docstring).
     """
-    return [
-        int(batch.model_version - v)
-        for g in batch.groups if not g.padding
-        for r, v in zip(g.rollouts, rollout_versions(g).tolist()) if not r.info.get("dso_masked")
-    ]
+    return [int(batch.model_version - v) for g in batch.groups if not g.padding for v in g.versions[g.valid].tolist()]
 
 
 def trajectory_rollouts(steps: list[Experience]) -> list[Experience]:
@@ -150,17 +141,35 @@ class RoundPlan:
     batch_id: int
 
 
+def table_error(errors: dict[int, str]) -> Exception:
+    """The error of the first invalid row of :meth:`OrchestratorCore.check_table`'s ``errors``."""
+    first = errors[min(errors)]
+    return (UnknownTaskError if first.startswith("task_id:") else InvalidGroupError)(first)
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+_COLUMNS = {"rewards": np.float64, "values": np.float64, "valid": bool, "versions": np.int64}
+
+
 def group_to_dict(group: Group) -> dict:
-    return dataclasses.asdict(group)
+    """A JSON-safe dict of a group (member columns as lists, NaN as None)."""
+    out = dataclasses.asdict(dataclasses.replace(group, **dict.fromkeys(_COLUMNS)))
+    for name in _COLUMNS:
+        col = getattr(group, name)
+        out[name] = None if col is None else [None if isinstance(x, float) and math.isnan(x) else x for x in col.tolist()]
+    return out
 
 
 def group_from_dict(data: dict) -> Group:
     rollouts = [Experience(**{**r, "eid": ExperienceId(**r["eid"])}) for r in data["rollouts"]]
-    return Group(**{**data, "rollouts": rollouts})
+    cols = {
+        name: None if data.get(name) is None else np.array([np.nan if x is None else x for x in data[name]], dtype=dtype)
+        for name, dtype in _COLUMNS.items()
+    }
+    return Group(**{**data, "rollouts": rollouts, **cols})
 
 
 class OrchestratorCore:
@@ -587,6 +596,104 @@ class OrchestratorCore:
             )
         return values, valid
 
+    def _fill_columns(self, g: Group, values: np.ndarray, valid: np.ndarray) -> None:
+        """Set a checked rollouts group's member columns (by run) from its rollouts."""
+        n = self.policy.group_size
+        rewards = np.full(n, np.nan)
+        runs = [r.eid.run for r in g.rollouts]
+        rewards[runs] = [float(r.reward) for r in g.rollouts]
+        present = [int(r.info.get("model_version", g.model_version)) for r in g.rollouts]
+        versions = np.full(n, max(present), dtype=np.int64)  # absent members: no effect on min / max
+        versions[runs] = present
+        g.rewards, g.values, g.valid, g.versions, g.size = rewards, values, valid, versions, len(g.rollouts)
+
+    def check_table(self, table: GroupTable) -> tuple[list[Group], dict[int, str]]:
+        """Check every row of a :class:`GroupTable` at once (no state change).
+
+        The same rules as :meth:`_check_group`, vectorised over the (G, n) columns: a known
+        task, runs a permutation of ``0..n-1``, model versions in [0, 2**31 - 1]; per member a
+        finite reward and judged value within ``max_abs_reward`` (``reject``: every member;
+        ``mask``: the others are masked, at least ``min_valid_group_size`` must remain).
+
+        Returns:
+            one :class:`Group` per row (member columns set, by run; ``ref`` and ``model_version``
+            = the oldest member's), and ``{row: message}`` of the invalid rows (message names
+            the field, the run, the task and the value).
+        """
+        p = self.policy
+        n = p.group_size
+        num, width = table.runs.shape
+        tasks = table.task_ids
+        idx = np.fromiter((self._index.get(t, -1) if isinstance(t, str) else -1 for t in tasks), np.int64, num)
+        order = np.argsort(table.runs, axis=1, kind="stable")
+        runs = np.take_along_axis(table.runs, order, 1)
+        rewards = np.take_along_axis(table.rewards.astype(np.float64), order, 1)
+        versions = np.take_along_axis(table.versions.astype(np.int64), order, 1)
+        judge = p.filter.judge
+        if judge == "auto":
+            acc = table.metrics.get("accuracy")
+            values = rewards if acc is None else np.take_along_axis(acc, order, 1)
+            values = np.where(np.isnan(values).all(axis=1, keepdims=True), rewards, values) if acc is not None else values
+        elif judge == "reward":
+            values = rewards
+        else:
+            col = table.metrics.get(judge)
+            values = np.full(rewards.shape, np.nan) if col is None else np.take_along_axis(col.astype(np.float64), order, 1)
+        bound = p.max_abs_reward
+        with np.errstate(invalid="ignore"):
+            bad_reward = ~np.isfinite(rewards) | (np.abs(rewards) > bound)
+            bad_value = ~np.isfinite(values) | (np.abs(values) > bound)
+        usable = ~(bad_reward | bad_value)
+        bad_row = (idx < 0) | ((versions < 0) | (versions > MAX_INT32)).any(axis=1)
+        if width != n:
+            bad_row[:] = True
+        else:
+            bad_row |= (runs != np.arange(n)).any(axis=1)
+        count = usable.sum(axis=1)
+        bad_row |= count < p.min_valid_group_size if p.group_validity == "mask" else count < width
+        errors = {i: self._table_problem(table, i, runs, rewards, values, versions, judge) for i in np.flatnonzero(bad_row).tolist()}
+        values = np.where(usable, values, np.nan)
+        oldest = versions.min(axis=1).tolist() if width else [0] * num
+        groups = [
+            Group(t, [], model_version=v, ref=ref, size=width, rewards=r, values=x, valid=ok, versions=vs)
+            for t, ref, v, r, x, ok, vs in zip(tasks, table.refs, oldest, rewards, values, usable, versions)
+        ]
+        return groups, errors
+
+    def _table_problem(self, table: GroupTable, i: int, runs: np.ndarray, rewards: np.ndarray, values: np.ndarray,
+                       versions: np.ndarray, judge: str) -> str:
+        """The first problem of row ``i`` of a table, worded as :meth:`_check_group` words it."""
+        p, n = self.policy, self.policy.group_size
+        task = table.task_ids[i]
+        try:
+            self.task_index(task)
+        except UnknownTaskError as err:
+            return str(err)
+        if runs.shape[1] != n:
+            return f"rollouts: group of task {task!r} has {runs.shape[1]} rollouts, expected group_size={n}"
+        if (runs[i] != np.arange(n)).any():
+            return f"eid.run: run ids {sorted(runs[i].tolist())} of task {task!r} are not 0..{n - 1} once each"
+        bad = np.flatnonzero((versions[i] < 0) | (versions[i] > MAX_INT32))
+        if bad.size:
+            return f"versions: {int(versions[i, bad[0]])} not in [0, {MAX_INT32}] in run {int(bad[0])} of task {task!r}"
+        problems = []
+        for run in range(n):
+            reward, value = float(rewards[i, run]), float(values[i, run])
+            where = f"in run {run} of task {task!r}"
+            if not math.isfinite(reward):
+                problems.append(f"reward: non-finite value {reward!r} {where}")
+            elif abs(reward) > p.max_abs_reward:
+                problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={p.max_abs_reward:g} {where}")
+            elif math.isnan(value):
+                problems.append(f"metrics[{judge!r}]: missing or not a number {where} (the filter judges it)")
+            elif not math.isfinite(value) or abs(value) > p.max_abs_reward:
+                problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
+        if p.group_validity == "mask":
+            why = f" ({problems[0]})" if problems else ""
+            return (f"group_validity: task {task!r} has {n - len(problems)} usable rollouts of {n}, below "
+                    f"min_valid_group_size={p.min_valid_group_size}{why}")
+        return problems[0]
+
     def check_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`_check_group` of each group (no state change): their (n,) judged values and valid flags.
 
@@ -637,18 +744,39 @@ class OrchestratorCore:
         if not groups:
             return []
         results = iter(checked) if checked is not None else None
-        checked, rows, masks, invalid = [], [], [], []
+        invalid = []
         for g in groups:
             try:
                 values, valid = next(results) if results is not None else self._check_group(g)
             except (InvalidGroupError, UnknownTaskError) as err:
                 if on_invalid == "raise":
                     raise
+                if isinstance(g, Group):
+                    g.size = len(g.rollouts) if isinstance(g.rollouts, list) else 0
                 invalid.append((g, err))
                 continue
-            checked.append(g)
-            rows.append(values)
-            masks.append(valid)
+            self._fill_columns(g, values, valid)
+        return self._take(groups, invalid, new_round)
+
+    def submit_table(self, table: GroupTable, on_invalid: str = "drop", new_round: bool = True) -> list[Group]:
+        """:meth:`submit` of a :class:`GroupTable`: checked at once (:meth:`check_table`), no
+        per-rollout objects. Returns one group per row, in row order, ``reason`` set.
+
+        Raises:
+            InvalidGroupError, UnknownTaskError: ``on_invalid="raise"`` and a row is invalid
+                (the first one; nothing changes).
+        """
+        if on_invalid not in ("raise", "drop"):
+            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
+        groups, errors = self.check_table(table)
+        if errors and on_invalid == "raise":
+            raise table_error(errors)
+        return self._take(groups, [(groups[i], err) for i, err in errors.items()], new_round)
+
+    def _take(self, groups: list[Group], invalid: list[tuple[Group, Exception | str]], new_round: bool) -> list[Group]:
+        """Count one submission as a round, drop the invalid groups, accept the others (columns set)."""
+        if not groups:
+            return []
         # one submission = one round of the open batch, whoever planned it
         if new_round or self.rounds_submitted == 0:
             rnd = self.rounds_submitted
@@ -664,26 +792,31 @@ class OrchestratorCore:
             if isinstance(g, Group):
                 g.purpose, g.round = purpose, rnd
         c = self.counters
+        bad = set()
         for g, err in invalid:
             log.warning("dropped invalid group of task %r: %s", g.task_id, err)
+            bad.add(id(g))
             g.reason = GroupReason.INVALID.label
             c["groups_submitted"] += 1
-            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += len(g.rollouts)
-            self.window["rollouts"] += len(g.rollouts)
+            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
+            self.window["rollouts"] += g.size
             self.classified_by_reason[g.reason] += 1
             self._drop(g, g.reason)
-        if checked:
-            self._accept(checked, np.array(rows), np.array(masks))
+        accepted = [g for g in groups if id(g) not in bad] if bad else groups
+        if accepted:
+            self._accept(accepted)
         return groups
 
-    def _accept(self, groups: list[Group], values: np.ndarray, valid: np.ndarray) -> None:
+    def _accept(self, groups: list[Group]) -> None:
+        """Classify checked groups on their member columns and hold them (carry pool or candidates)."""
         f = self.policy.filter
-        rewards = np.zeros(values.shape)
-        for i, g in enumerate(groups):
+        values = np.stack([g.values for g in groups])
+        valid = np.stack([g.valid for g in groups])
+        rewards = np.where(valid, np.stack([g.rewards for g in groups]), 0.0)
+        all_versions = np.stack([g.versions for g in groups])
+        for g in groups:
             for r in g.rollouts:
-                if valid[i, r.eid.run]:
-                    rewards[i, r.eid.run] = float(r.reward)
-                elif not r.info.get("dso_masked"):
+                if not g.valid[r.eid.run] and not r.info.get("dso_masked"):
                     r.info["dso_masked"] = "invalid"
                     r.info["dso_loss_weight"] = 0.0
         if f.enabled:
@@ -694,19 +827,19 @@ class OrchestratorCore:
         else:
             keep = np.ones(len(groups), dtype=bool)
             reasons = np.full(len(groups), GroupReason.INFORMATIVE, dtype=np.int8)
-        idx = np.array([self.task_index(g.task_id) for g in groups], dtype=np.int64)
-        versions = np.array([int(rollout_versions(g).min()) for g in groups], dtype=np.int64)
+        idx = np.fromiter(map(self._index.__getitem__, (g.task_id for g in groups)), np.int64, len(groups))
+        versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
         self.passrate.observe(idx, correct.sum(axis=1), valid.sum(axis=1), keep, versions)
         self._close_rounds(idx, keep)
-        self.model_version = max(self.model_version, max(int(rollout_versions(g).max()) for g in groups))
+        self.model_version = max(self.model_version, int(all_versions.max()))
         self._apply_skip_rules(np.unique(idx))
 
         c, w = self.counters, self.window
         c["groups_submitted"] += len(groups)
         c["groups_kept_classified"] += int(keep.sum())
-        c["rollouts_masked"] += int(sum(len(g.rollouts) for g in groups) - valid.sum())
+        c["rollouts_masked"] += int(sum(g.size for g in groups) - valid.sum())
         for sums in (c, w):
             sums["reward_sum_all"] += float(rewards[valid].sum())
             sums["reward_count_all"] += int(valid.sum())
@@ -715,8 +848,8 @@ class OrchestratorCore:
         for g, code in zip(groups, reasons):
             g.reason = GroupReason(int(code)).label
             self.classified_by_reason[g.reason] += 1
-            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += len(g.rollouts)
-            w["rollouts"] += len(g.rollouts)
+            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
+            w["rollouts"] += g.size
             if code == GroupReason.INFORMATIVE:
                 self.carry.append(g)
             else:
@@ -742,7 +875,7 @@ class OrchestratorCore:
 
     def _drop(self, group: Group, reason: str) -> None:
         self.counters["groups_dropped"] += 1
-        self.counters["rollouts_wasted"] += len(group.rollouts)
+        self.counters["rollouts_wasted"] += group.size
         self.dropped_by_reason[reason] += 1
 
     # ------------------------------------------------------------------ batches
@@ -753,8 +886,7 @@ class OrchestratorCore:
             return
         fresh = []
         for g in self.carry:
-            in_play = np.array([not r.info.get("dso_masked") for r in g.rollouts])  # masked members no longer count
-            stale = in_play & (self.model_version - rollout_versions(g) > p.max_staleness)
+            stale = g.valid & (self.model_version - g.versions > p.max_staleness)  # masked members no longer count
             if not stale.any():
                 fresh.append(g)
                 continue
@@ -769,9 +901,7 @@ class OrchestratorCore:
 
     def _mask_stale(self, g: Group, stale: np.ndarray) -> bool:
         """Mask a group's stale members if it stays usable (enough members, still informative)."""
-        values, valid, _ = self._judge_rows(g)
-        runs = np.array([r.eid.run for r in g.rollouts])
-        valid[runs[stale]] = False
+        values, valid = g.values, g.valid & ~stale
         if valid.sum() < self.policy.min_valid_group_size:
             return False
         f = self.policy.filter
@@ -782,8 +912,9 @@ class OrchestratorCore:
             )
             if not keep[0]:
                 return False
-        for r, old in zip(g.rollouts, stale):
-            if old:
+        g.valid = valid
+        for r in g.rollouts:
+            if stale[r.eid.run]:
                 r.info["dso_masked"] = "stale"
                 r.info["dso_loss_weight"] = 0.0
         self.counters["rollouts_masked"] += int(stale.sum())
@@ -804,10 +935,10 @@ class OrchestratorCore:
         c = self.counters
         c["groups_emitted"] += len(groups)
         c["groups_padded"] += len(padding)
-        c["rollouts_wasted"] += sum(len(g.rollouts) for g in padding)
+        c["rollouts_wasted"] += sum(g.size for g in padding)
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
-        trained = [float(r.reward) for g in groups for r in g.rollouts if not r.info.get("dso_masked")]
+        trained = [x for g in groups for x in g.rewards[g.valid].tolist()]
         c["reward_sum_trained"] += float(sum(trained))
         c["reward_count_trained"] += len(trained)
         w = self.window

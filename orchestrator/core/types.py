@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
 Purpose = Literal["initial", "replenish"]
 
 
@@ -61,26 +63,116 @@ class Experience:
 class Group:
     """The n rollouts of one task from one round, as judged together by the filter.
 
+    The core judges a group on its *member columns* (``rewards``, ``values``, ``valid``,
+    ``versions``: (n,) arrays indexed by run, set on acceptance), never on per-rollout objects.
+    ``rollouts`` is the optional payload: the rollouts themselves (the standalone route, whose
+    trainer needs their tokens), or empty when the payload stays with the submitter (the Trinity
+    route, which submits a :class:`GroupTable` and finds its experiences again by ``ref``).
+
     Attributes:
         task_id: the task all rollouts share.
-        rollouts: exactly n experiences with distinct ``eid.run`` in [0, n).
-        model_version: model weights version that produced the rollouts.
+        rollouts: the n experiences with distinct ``eid.run`` in [0, n), or empty (see above).
+        model_version: model weights version that produced the rollouts (the oldest member's).
         purpose: ``initial`` (first round of a batch) or ``replenish``.
         round: replenish round within its batch (0 for the initial round).
         reason: filter outcome label (``informative``, ``all_correct``, ...); set on submit.
         padding: True when emitted only to keep the batch shape (zero loss weight).
         key: storage key given by the orchestrator on submit (:func:`group_key`, or a unique
             ``anon:`` key for a group without a round tag).
+        ref: the submitter's handle of the group's payload (:attr:`GroupTable.refs`), returned as is.
+        size: members submitted (``group_size``, fewer under ``group_validity="mask"``).
+        rewards: (n,) float64 by run, NaN where no member; set on acceptance.
+        values: (n,) float64 judged value by run (the filter's input), NaN where unusable.
+        valid: (n,) bool by run: the member is present and in play (not masked).
+        versions: (n,) int64 model version by run (the group's where no member).
     """
 
     task_id: str
-    rollouts: list[Experience]
+    rollouts: list[Experience] = field(default_factory=list)
     model_version: int = 0
     purpose: Purpose = "initial"
     round: int = 0
     reason: str = ""
     padding: bool = False
     key: str = ""
+    ref: str = ""
+    size: int = 0
+    rewards: np.ndarray | None = None
+    values: np.ndarray | None = None
+    valid: np.ndarray | None = None
+    versions: np.ndarray | None = None
+
+
+@dataclass
+class GroupTable:
+    """Complete groups as columns: one object per call, no per-rollout objects (the Trinity route).
+
+    Row ``i`` is one group of ``n`` rollouts; column ``j`` one of its members, in any run order
+    (``runs`` says which).
+
+    Attributes:
+        task_ids: (G,) str, the task of each group.
+        round_tags: (G,) str, the round that produced it (its identity: a retried submit of the
+            same task, tag and runs is recognised, see :func:`group_key`).
+        refs: (G,) str, the submitter's handle of each group's payload (returned on the
+            released :class:`Group` as ``ref``).
+        runs: (G, n) int64, the run id of each member.
+        rewards: (G, n) float64, each member's reward (NaN: none).
+        versions: (G, n) int64, each member's model version.
+        metrics: name -> (G, n) float64, judged metrics (e.g. ``accuracy``; NaN: missing).
+    Raises:
+        algos.dapo.InvalidGroupError: ragged or mistyped columns (names the field and shapes).
+    """
+
+    task_ids: list[str]
+    round_tags: list[str]
+    refs: list[str]
+    runs: np.ndarray
+    rewards: np.ndarray
+    versions: np.ndarray
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from algos.dapo import InvalidGroupError
+
+        g = len(self.task_ids)
+        for name in ("round_tags", "refs"):
+            col = getattr(self, name)
+            if len(col) != g:
+                raise InvalidGroupError(f"{name}: {len(col)} values for {g} groups")
+            if not all(isinstance(x, str) for x in col):
+                raise InvalidGroupError(f"{name}: expected str values")
+        self.runs = np.asarray(self.runs)
+        if self.runs.ndim != 2 or self.runs.shape[0] != g or not np.issubdtype(self.runs.dtype, np.integer):
+            raise InvalidGroupError(f"runs: expected ({g}, n) integers, got {self.runs.dtype} {self.runs.shape}")
+        shape = self.runs.shape
+        for name, kind in (("rewards", np.floating), ("versions", np.integer)):
+            col = np.asarray(getattr(self, name))
+            if col.shape != shape or not np.issubdtype(col.dtype, kind):
+                raise InvalidGroupError(f"{name}: expected {shape} {kind.__name__}, got {col.dtype} {col.shape}")
+            setattr(self, name, col)
+        for name, col in self.metrics.items():
+            col = np.asarray(col)
+            if col.shape != shape or not np.issubdtype(col.dtype, np.floating):
+                raise InvalidGroupError(f"metrics[{name!r}]: expected {shape} floats, got {col.dtype} {col.shape}")
+            self.metrics[name] = col
+
+    def __len__(self) -> int:
+        return len(self.task_ids)
+
+    def take(self, rows: Any) -> GroupTable:
+        """The table of the given rows (an index array or a slice), in that order."""
+        rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
+        pick = rows.tolist()
+        return GroupTable(
+            [self.task_ids[i] for i in pick], [self.round_tags[i] for i in pick], [self.refs[i] for i in pick],
+            self.runs[rows], self.rewards[rows], self.versions[rows], {k: v[rows] for k, v in self.metrics.items()},
+        )
+
+    def keys(self) -> list[str]:
+        """:func:`group_key` of each row (runs sorted), without building the groups."""
+        runs = [",".join(map(str, r)) for r in np.sort(self.runs, axis=1).tolist()]
+        return [f"{t}\x1f{tag}\x1f{r}" if tag else None for t, tag, r in zip(self.task_ids, self.round_tags, runs)]
 
 
 def group_key(group: Group) -> str | None:

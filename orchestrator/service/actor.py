@@ -28,16 +28,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 from algos.dapo import InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
-from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, table_error, trajectory_rollouts
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
-from orchestrator.core.types import Batch, Experience, Group, TaskSetLike, group_key
+from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import DSOMetrics
@@ -348,8 +349,12 @@ class Orchestrator(AnchorLifecycle):
                 await self._submit(groups, emit=False)
 
     @ray.method(max_task_retries=RETRIES)
-    async def submit_groups(self, groups: list[Group], on_invalid: str = "raise") -> list[str]:
+    async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
         """Submit groups rolled out elsewhere; returns each group's filter label.
+
+        ``groups`` is a list of :class:`Group` (labels returned as a list) or one
+        :class:`~orchestrator.core.types.GroupTable` (the Trinity operator's columns, checked
+        at once; labels returned as a (G,) str array, in row order).
 
         Idempotent per group: a group already accepted (same task, round tag and runs, see
         :func:`~orchestrator.core.types.group_key`) is not counted again; its label is returned.
@@ -368,6 +373,8 @@ class Orchestrator(AnchorLifecycle):
         """
         self._start_watch()
         async with self._lock:
+            if isinstance(groups, GroupTable):
+                return await self._submit_table(groups, on_invalid)
             return await self._submit(groups, on_invalid)
 
     @staticmethod
@@ -401,17 +408,13 @@ class Orchestrator(AnchorLifecycle):
             for part in self._slices(groups, n_of):
                 checked.extend(self.core.check_groups(part))
                 await asyncio.sleep(0)
-        keys: list[str | None] = []
-        occurrences: dict[str, int] = defaultdict(int)
-        for g in groups:  # a task drawn twice in one round: the second is "<key>#1" (same again on a retry)
+        keys = []
+        for g in groups:
             try:
-                k = group_key(g)
+                keys.append(group_key(g))
             except Exception:  # an invalid group (dropped below under on_invalid="drop") has no identity
-                k = None
-            if k is not None:
-                occurrences[k] += 1
-                k = k if occurrences[k] == 1 else f"{k}#{occurrences[k] - 1}"
-            keys.append(k)
+                keys.append(None)
+        keys = self._call_keys(keys)
         fresh = []
         for g, k, values in zip(groups, keys, checked):
             if k is not None and k in self._seen:
@@ -419,27 +422,80 @@ class Orchestrator(AnchorLifecycle):
                 continue
             g.key = k if k is not None else f"anon:{uuid.uuid4().hex}"
             fresh.append((g, values))
-        if fresh and self._batch_started is None:
-            self._batch_started = time.monotonic()
-        uncommitted = 0
         parts = self._slices(fresh, lambda item: n_of(item[0]))
-        for i, part in enumerate(parts):
-            part_groups = [g for g, _ in part]
+
+        def submit(i: int) -> list[Group]:
+            part = parts[i]
             checked = [c for _, c in part] if on_invalid == "raise" else None
             # the slices of one call are one round
-            self.core.submit(part_groups, on_invalid=on_invalid, checked=checked, new_round=i == 0)
+            return self.core.submit([g for g, _ in part], on_invalid=on_invalid, checked=checked, new_round=i == 0)
+
+        await self._submit_parts(len(parts), submit, emit)
+        return [g.reason for g in groups]
+
+    async def _submit_table(self, table: GroupTable, on_invalid: str, *, emit: bool = True) -> np.ndarray:
+        """:meth:`_submit` of a table: the same identities (:meth:`GroupTable.keys`), rounds,
+        slices and commits, with the rows checked and accepted at once (no per-rollout objects)."""
+        if not isinstance(table, GroupTable):
+            raise InvalidGroupError(f"groups: expected a GroupTable, got {type(table).__name__}")
+        if on_invalid not in ("raise", "drop"):
+            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
+        keys = self._call_keys(table.keys())
+        labels = [self._seen.get(k) if k is not None else None for k in keys]
+        fresh = [i for i, label in enumerate(labels) if label is None]
+        todo = table.take(fresh) if len(fresh) < len(table) else table
+        if on_invalid == "raise" and fresh:  # all checked before anything changes
+            _, errors = self.core.check_table(todo)
+            if errors:
+                raise table_error(errors)
+        # the slices of the list route (about SLICE_ROLLOUTS rollouts, a group counting n + 1), so
+        # that batches are released at the same points whichever route submits the groups
+        rows = -(-SLICE_ROLLOUTS // (todo.runs.shape[1] + 1))
+        bounds = [(lo, min(lo + rows, len(todo))) for lo in range(0, len(todo), rows)]
+
+        def submit(i: int) -> list[Group]:
+            lo, hi = bounds[i]
+            groups = self.core.submit_table(todo.take(slice(lo, hi)) if len(bounds) > 1 else todo, on_invalid,
+                                            new_round=i == 0)
+            for g, row in zip(groups, fresh[lo:hi]):
+                g.key = keys[row] if keys[row] is not None else f"anon:{uuid.uuid4().hex}"
+                labels[row] = g.reason
+            return groups
+
+        await self._submit_parts(len(bounds), submit, emit)
+        return np.array(labels, dtype=str)
+
+    @staticmethod
+    def _call_keys(keys: list[str | None]) -> list[str | None]:
+        """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
+        occurrences: dict[str, int] = defaultdict(int)
+        out = []
+        for k in keys:
+            if k is not None:
+                occurrences[k] += 1
+                k = k if occurrences[k] == 1 else f"{k}#{occurrences[k] - 1}"
+            out.append(k)
+        return out
+
+    async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
+        """Run ``submit(i)`` for each slice ``i`` of one call (one round): record the labels,
+        release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts and at the end."""
+        if count and self._batch_started is None:
+            self._batch_started = time.monotonic()
+        uncommitted = 0
+        for i in range(count):
+            part_groups = submit(i)
             for g in part_groups:
                 self._seen[g.key] = self._new_seen[g.key] = g.reason
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
-            uncommitted += sum(len(g.rollouts) for g in part_groups)
-            if uncommitted >= COMMIT_ROLLOUTS or i == len(parts) - 1:
+            uncommitted += sum(g.size for g in part_groups)
+            if uncommitted >= COMMIT_ROLLOUTS or i == count - 1:
                 await self._checkpoint_async()
                 self._observe()
                 uncommitted = 0
             await asyncio.sleep(0)
-        return [g.reason for g in groups]
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:

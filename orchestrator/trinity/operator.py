@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import torch
 from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
@@ -15,7 +17,7 @@ from trinity.common.experience import Experience as TrinityExperience
 from algos.dapo import GroupReason
 from orchestrator.core.machine import DataExhaustedError
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.core.types import GroupTable
 from orchestrator.trinity.attach import (
     AttachConfig,
     create_orchestrator,
@@ -26,29 +28,53 @@ from orchestrator.trinity.attach import (
 
 log = logging.getLogger("trinity_dso.trinity")
 
+_EID = operator.attrgetter("eid")
+_INFO = operator.attrgetter("info")
+_RUN = operator.attrgetter("run")
+_STEP = operator.attrgetter("step")
+_BATCH_TASK = operator.attrgetter("batch", "task")
+_NO_INFO: dict = {}
+
+
+def _codes(keys: list) -> tuple[np.ndarray, list]:
+    """(N,) int64 code of each hashable key, numbered by first appearance, and the distinct keys."""
+    uniq = list(dict.fromkeys(keys))
+    code = dict(zip(uniq, range(len(uniq))))
+    return np.fromiter(map(code.__getitem__, keys), np.int64, len(keys)), uniq
+
+
+def _floats(values: list) -> np.ndarray:
+    """(N,) float64 of numbers, NaN for None and for anything that is not a number."""
+    try:
+        return np.array(values, dtype=np.float64).reshape(len(values))
+    except (TypeError, ValueError):
+        return np.array([x if isinstance(x, (int, float)) and not isinstance(x, bool) else np.nan for x in values],
+                        dtype=np.float64)
+
 
 class OrchestratorOperator(ExperienceOperatorV1):
     """Experience-pipeline operator ``dso_orchestrator``: forward to the orchestrator, pass on what it releases.
 
     Each call receives the experiences of one explore step. They are grouped into rollouts
     (``eid.rid``: one trajectory, one or more steps) and groups (``eid.tid``: the n rollouts of
-    one task). Each rollout is summarised for the actor as one :class:`orchestrator.core.types.Experience`:
+    one task), and sent to the actor as one :class:`~orchestrator.core.types.GroupTable` (columns,
+    no per-rollout objects; see :meth:`to_table`):
 
-    * ``reward``: the sum of ``info["step_reward"]`` over its steps when present, else the last
-      step's ``reward`` (single-turn: the reward);
-    * ``metrics``: the last step's metrics (e.g. ``accuracy``, which the filter may judge);
-    * ``info["model_version"]``: Trinity's ``info["model_version"]`` (each member keeps its own;
-      the group is stamped with its *oldest* member's, so staleness is judged per member).
+    * ``rewards``: the sum of ``info["step_reward"]`` over a rollout's steps when present, else
+      its last step's ``reward`` (single-turn: the reward);
+    * ``metrics``: the judged metric of its last step (e.g. ``accuracy``);
+    * ``versions``: Trinity's ``info["model_version"]`` (each member keeps its own; the group is
+      stamped with its *oldest* member's, so staleness is judged per member).
 
-    Complete groups (exactly ``group_size`` runs) are submitted with ``submit_groups(...,
-    on_invalid="drop")``: a group the orchestrator cannot use (e.g. a ``None`` reward under
-    ``group_validity="reject"``) is dropped with reason ``invalid``, counted
-    (``dso/groups_invalid``) and logged by the actor, and the other groups of the step go on. Every
-    batch the actor then releases (``pop_batch`` until empty) is expanded back to its Trinity
-    experiences (all steps), in group order, and returned. Groups released as padding
-    (``on_cap="pad"``) get an all-zero ``action_mask`` (zero loss weight) and
-    ``info["dso_padding"] = True``. Every released experience carries ``info["dso_batch_id"]``
-    and ``info["dso_reason"]``.
+    Complete groups (exactly ``group_size`` runs) are submitted with ``on_invalid="drop"``: a
+    group the orchestrator cannot use (e.g. a ``None`` reward under ``group_validity="reject"``)
+    is dropped with reason ``invalid``, counted (``dso/groups_invalid``) and logged by the
+    actor, and the other groups of the step go on. Every batch the actor then releases
+    (``pop_batch`` until empty) is expanded back to its Trinity experiences (all steps), in
+    group order, runs and steps ascending, and returned (:meth:`expand`). Groups released as
+    padding (``on_cap="pad"``) and masked members get an all-zero ``action_mask`` (zero loss
+    weight) and ``info["dso_padding"]`` / ``info["dso_masked"] = True``. Every released
+    experience carries ``info["dso_batch_id"]`` and ``info["dso_reason"]``.
 
     End of data: when the actor is exhausted (``max_epochs`` / ``max_rollouts``) and nothing
     was released, its kept groups are released as a last batch (``finish_batch``, per ``on_cap``).
@@ -57,9 +83,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
     is > 0 and that many rounds after the first passed without a release, the operator closes
     the open batch (``close_batch``: pad, partial or raise per ``policy.on_cap``).
 
-    Held groups survive an explorer restart: the experiences of every submitted rollout are
-    written to ``held_dir`` (Trinity's ``Experience.serialize_many``, one file per rollout)
-    before the actor sees it, and deleted when released or dropped. A group carried over by
+    Held groups survive an explorer restart: the experiences of every submitted group are
+    written to ``held_dir`` (Trinity's ``Experience.serialize_many``, one file per group, named
+    by its ``ref`` ``<session>:<tid>``) before the actor sees it, and deleted when released or dropped. A group carried over by
     the actor is then released by the next explorer process from that file; its ``eid.batch``
     gets ``@<session>`` appended, so that it never shares an ``eid.tid`` (the GRPO grouping key)
     with a group of the new process, which numbers its explore steps from its checkpoint again.
@@ -81,8 +107,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.session = new_session()
         self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
-        self._payload: dict[str, list[TrinityExperience]] = {}  # held key -> steps (sorted)
-        self._held_dropped: set[str] = set()  # keys of non-informative groups (padding candidates)
+        self._payload: dict[str, list[TrinityExperience]] = {}  # group ref -> its experiences (by run, step)
+        self._held_dropped: set[str] = set()  # refs of non-informative groups (padding candidates)
         self._rounds_open = 0  # explore steps submitted since the last release
         self.auxiliary_models = {}
 
@@ -128,7 +154,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
             path.unlink(missing_ok=True)
         if steps is None:
             raise KeyError(
-                f"trinity_rid: no experiences held for {key!r} (task {task_id!r}); set held_dir to a path "
+                f"ref: no experiences held for group {key!r} (task {task_id!r}); set held_dir to a path "
                 "that survives an explorer restart"
             )
         return steps
@@ -139,76 +165,102 @@ class OrchestratorOperator(ExperienceOperatorV1):
         if path is not None:
             path.unlink(missing_ok=True)
 
-    @staticmethod
-    def summarise(task_id: str, steps: list[TrinityExperience]) -> Experience:
-        """One summary rollout for the actor from the (step-sorted) experiences of one run."""
-        last = steps[-1]
-        if any("step_reward" in (s.info or {}) for s in steps):
-            reward = float(sum(float((s.info or {}).get("step_reward", 0.0)) for s in steps))
-        else:
-            reward = float(last.reward) if last.reward is not None else float("nan")
-        version = int((last.info or {}).get("model_version", 0) or 0)
-        return Experience(
-            eid=ExperienceId(task=task_id, run=int(last.eid.run), step=0, round_tag=str(last.eid.batch)),
-            prompt_length=int(last.prompt_length),
-            reward=reward,
-            info={"model_version": version, "trinity_rid": last.eid.rid, "num_steps": len(steps)},
-            metrics={k: float(v) for k, v in (last.metrics or {}).items() if isinstance(v, (int, float))},
-        )
+    def to_table(self, exps: list[TrinityExperience]) -> tuple[GroupTable | None, dict[str, list[TrinityExperience]], int]:
+        """Group one explore step's experiences into columns (one C-level pass per field).
 
-    def to_groups(self, exps: list[TrinityExperience]) -> tuple[list[Group], dict[str, list[TrinityExperience]], int]:
-        """Group one explore step's experiences.
+        Rollouts are ``(eid.batch, eid.task, eid.run)``, groups ``(eid.batch, eid.task)`` (Trinity's
+        ``rid`` and ``tid``), in order of first appearance. Each rollout's row values: ``reward``
+        = the sum of ``info["step_reward"]`` over its steps when any step has one, else its last
+        step's ``reward`` (None: NaN); the judged metric (``accuracy`` under ``judge="auto"``)
+        and ``info["model_version"]`` of its last step.
 
         Returns:
-            complete groups (summaries, runs sorted), the payload per rid of those groups, and
-            the number of incomplete groups left out (fewer or more runs than ``group_size``).
+            the table of the complete groups (exactly ``group_size`` runs; None when there is
+            none), the payload of each (its experiences sorted by run, then step) by ``ref``,
+            and the number of incomplete groups left out.
         """
-        runs: dict[str, list[TrinityExperience]] = {}
-        tids: dict[str, list[str]] = {}
-        for e in exps:
-            rid = e.eid.rid
-            if rid not in runs:
-                runs[rid] = []
-                tids.setdefault(e.eid.tid, []).append(rid)
-            runs[rid].append(e)
         n = self.policy.group_size
-        groups, payload, incomplete = [], {}, 0
-        for rids in tids.values():
-            if len(rids) != n:
-                incomplete += 1
-                continue
-            task_id = trinity_task_id(runs[rids[0]][0])
-            rollouts = []
-            for rid in rids:
-                steps = sorted(runs[rid], key=lambda s: int(s.eid.step))
-                summary = self.summarise(task_id, steps)
-                summary.info["trinity_rid"] = key = f"{self.session}:{rid}"
-                payload[key] = steps
-                rollouts.append(summary)
-            rollouts.sort(key=lambda r: r.eid.run)
-            version = min(r.info["model_version"] for r in rollouts)  # the oldest member: staleness is per member
-            groups.append(Group(task_id=task_id, rollouts=rollouts, model_version=version, round=self._rounds_open))
-        return groups, payload, incomplete
+        num = len(exps)
+        if not num:
+            return None, {}, 0
+        eids = list(map(_EID, exps))
+        group, group_keys = _codes(list(map(_BATCH_TASK, eids)))
+        run = np.fromiter(map(_RUN, eids), np.int64, num)
+        step = np.fromiter(map(_STEP, eids), np.int64, num)
+        lo = int(run.min())
+        order = np.lexsort((step, run, group))  # by group, run, step (stable: ties keep their order)
+        rollout_key = (group * (int(run.max()) - lo + 1) + (run - lo))[order]
+        first = np.flatnonzero(np.r_[True, rollout_key[1:] != rollout_key[:-1]])  # each rollout's first row
+        last = order[np.r_[first[1:], num] - 1]  # each rollout's last step (row in exps)
+        r_group = group[order[first]]
+        sizes = np.bincount(r_group, minlength=len(group_keys))
+        complete = sizes == n
+        infos = [i if i else _NO_INFO for i in map(_INFO, exps)]
+        has_step = np.fromiter(map(operator.methodcaller("__contains__", "step_reward"), infos), bool, num)
+        if has_step.any():  # multi-turn: per-step rewards add up to the rollout's
+            step_r = np.fromiter((float(i.get("step_reward", 0.0)) for i in infos), np.float64, num)[order]
+            sums = np.add.reduceat(step_r, first)
+            uses_steps = np.add.reduceat(has_step[order].astype(np.int64), first) > 0
+        else:
+            sums, uses_steps = None, None
+        last_list = last.tolist()
+        rewards = _floats([exps[i].reward for i in last_list])
+        if sums is not None:
+            rewards = np.where(uses_steps, sums, rewards)
+        versions = np.fromiter((int(infos[i].get("model_version", 0) or 0) for i in last_list), np.int64, len(last_list))
+        judge = self.policy.filter.judge
+        name = "accuracy" if judge == "auto" else None if judge == "reward" else judge
+        metrics = {}
+        if name is not None:
+            metrics[name] = _floats([(exps[i].metrics or _NO_INFO).get(name) for i in last_list])
+        keep = complete[r_group]  # rollouts of complete groups, grouped, runs ascending
+        incomplete = int((~complete).sum())
+        if not keep.any():
+            return None, {}, incomplete
+        rows = np.flatnonzero(complete)  # group codes in first-appearance order
+        sorted_group = group[order]
+        heads = np.searchsorted(sorted_group, rows)  # first sorted row of each kept group
+        ends = np.searchsorted(sorted_group, rows, side="right")
+        refs = [f"{self.session}:{group_keys[g][0]}/{group_keys[g][1]}" for g in rows.tolist()]
+        payload = {ref: [exps[i] for i in order[h:e].tolist()] for ref, h, e in zip(refs, heads.tolist(), ends.tolist())}
+        shape = (len(rows), n)
+        table = GroupTable(
+            task_ids=[trinity_task_id(exps[order[h]]) for h in heads.tolist()],
+            round_tags=[str(group_keys[g][0]) for g in rows.tolist()],
+            refs=refs,
+            runs=run[order[first]][keep].reshape(shape),
+            rewards=rewards[keep].reshape(shape),
+            versions=versions[keep].reshape(shape),
+            metrics={k: v[keep].reshape(shape) for k, v in metrics.items()},
+        )
+        return table, payload, incomplete
 
     def expand(self, batch: Any) -> list[TrinityExperience]:
-        """The Trinity experiences of a released batch, padding masked out; frees their payload."""
+        """The Trinity experiences of a released batch, in group order; frees their payload.
+
+        Every experience gets ``info["dso_batch_id"]`` and ``info["dso_reason"]``. Padding
+        groups and masked members (``Group.valid`` False: a NaN reward under
+        ``group_validity="mask"``, or a stale member) get an all-zero ``action_mask`` (zero
+        loss weight) and ``info["dso_padding"]`` / ``info["dso_masked"]``.
+        """
         out: list[TrinityExperience] = []
+        batch_id = int(batch.batch_id)
         for g in batch.groups:
-            for r in g.rollouts:
-                key = r.info["trinity_rid"]
-                steps = self._take(key, g.task_id)
-                self._held_dropped.discard(key)
-                for s in steps:
-                    s.info["dso_batch_id"] = int(batch.batch_id)
-                    s.info["dso_reason"] = g.reason
-                    if g.padding:
-                        s.info["dso_padding"] = True
-                        if s.action_mask is not None:
-                            s.action_mask = torch.zeros_like(s.action_mask)
-                out.extend(steps)
+            steps = self._take(g.ref, g.task_id)
+            self._held_dropped.discard(g.ref)
+            masked = set() if g.padding or g.valid is None or g.valid.all() else set(np.flatnonzero(~g.valid).tolist())
+            for s in steps:
+                info = s.info
+                info["dso_batch_id"] = batch_id
+                info["dso_reason"] = g.reason
+                if g.padding or (masked and int(s.eid.run) in masked):
+                    info["dso_padding" if g.padding else "dso_masked"] = True
+                    if s.action_mask is not None:
+                        s.action_mask = torch.zeros_like(s.action_mask)
+            out.extend(steps)
         # padding candidates not used are dropped by the core at each release
-        for key in self._held_dropped:
-            self._forget(key)
+        for ref in self._held_dropped:
+            self._forget(ref)
         self._held_dropped.clear()
         return out
 
@@ -216,14 +268,12 @@ class OrchestratorOperator(ExperienceOperatorV1):
         actor = await self.actor()
         # the live policy (a REST change of the cap or filter applies from this step on)
         self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
-        groups, payload, incomplete = self.to_groups(exps)
-        labels: list[str] = []
-        if groups:
+        table, payload, incomplete = self.to_table(exps)
+        labels = np.array([], dtype=str)
+        if table is not None:
             self._hold(payload)  # on disk before the actor holds the groups
-            labels = await actor.submit_groups.remote(groups, on_invalid="drop")
-            for g, label in zip(groups, labels):
-                if label != GroupReason.INFORMATIVE.label:
-                    self._held_dropped.update(r.info["trinity_rid"] for r in g.rollouts)
+            labels = await actor.submit_groups.remote(table, on_invalid="drop")
+            self._held_dropped.update(np.asarray(table.refs)[labels != GroupReason.INFORMATIVE.label].tolist())
             self._rounds_open += 1
         released: list[TrinityExperience] = []
         batches = 0
@@ -251,14 +301,14 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 padded += batch.num_padding
                 self._rounds_open = 0
         metrics = {
-            "dso/groups_submitted": len(groups),
-            "dso/groups_kept": sum(label == GroupReason.INFORMATIVE.label for label in labels),
+            "dso/groups_submitted": len(labels),
+            "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),
             "dso/groups_incomplete": incomplete,
-            "dso/groups_invalid": sum(label == GroupReason.INVALID.label for label in labels),
+            "dso/groups_invalid": int((labels == GroupReason.INVALID.label).sum()),
             "dso/batches_released": batches,
             "dso/groups_padding": padded,
             "dso/experiences_released": len(released),
-            "dso/rollouts_held": len(self._payload),
+            "dso/groups_held": len(self._payload),
         }
         return released, metrics
 

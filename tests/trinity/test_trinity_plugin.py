@@ -380,7 +380,7 @@ def test_operator_decisions_match_the_core_and_batches_are_exact_size(orchestrat
     assert [e.info["task_index"]["index"] for e in read] == [0, 0, 3, 3]
     assert [e.reward for e in read] == [1.0, -1.0, 1.0, -1.0]
     assert {e.info["dso_reason"] for e in read} == {"informative"}
-    assert m2["dso/rollouts_held"] == 2  # task 4 carried over; dropped groups' tensors freed
+    assert m2["dso/groups_held"] == 1  # task 4 carried over; dropped groups' tensors freed
 
 
 def test_operator_closes_at_the_cap_with_padding(orchestrator_actor):
@@ -399,7 +399,7 @@ def test_operator_closes_at_the_cap_with_padding(orchestrator_actor):
     assert [e.info["task_index"]["index"] for e in out] == [0, 0, 3, 3]
     assert [e.action_mask.tolist() for e in out] == [[True, True]] * 2 + [[False, False]] * 2
     assert [bool(e.info.get("dso_padding")) for e in out] == [False, False, True, True]
-    assert m["dso/rollouts_held"] == 0
+    assert m["dso/groups_held"] == 0
 
 
 def test_operator_leaves_out_incomplete_groups(orchestrator_actor):
@@ -415,10 +415,13 @@ def test_operator_without_actor_names_the_fix(ray_local):
         asyncio.run(op.actor())
 
 
-def test_multi_step_rollout_summary_sums_step_rewards():
-    steps = [texp(1, 0, 0, 0.0, step=t, info={"step_reward": r}) for t, r in enumerate([0.0, 0.5, 1.0])]
-    s = OrchestratorOperator.summarise("7", steps)
-    assert s.eid.task == "7" and s.reward == 1.5 and s.info["num_steps"] == 3
+def test_multi_step_rollout_reward_sums_step_rewards(orchestrator_actor):
+    name, policy, _ = orchestrator_actor
+    op = OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy)
+    steps = [texp(1, 0, run, 0.0, step=t, info={"step_reward": r}) for run in (0, 1) for t, r in enumerate([0.0, 0.5, 1.0])]
+    table, payload, _ = op.to_table(steps[::-1])
+    assert table.rewards.tolist() == [[1.5, 1.5]] and table.runs.tolist() == [[0, 1]]
+    assert [(s.eid.run, s.eid.step) for s in payload[table.refs[0]]] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
 
 
 # ------------------------------------------------------------------------- selector

@@ -97,6 +97,8 @@ import asyncio  # noqa: E402
 import types  # noqa: E402
 import uuid  # noqa: E402
 
+from orchestrator.core.machine import OrchestratorCore  # noqa: E402
+from orchestrator.core.policy import ResamplingPolicy  # noqa: E402
 from orchestrator.service.actor import get_or_create_orchestrator  # noqa: E402
 from orchestrator.tasks.taskset import IndexTaskSet  # noqa: E402
 from orchestrator.trinity.operator import OrchestratorOperator  # noqa: E402
@@ -141,9 +143,10 @@ def test_operator_drops_an_invalid_group_and_keeps_the_step(actor_name, ray_loca
 
 def test_operator_stamps_a_group_with_its_oldest_member(actor_name, ray_local):
     op = _operator(actor_name, {"target_groups": 2, "group_size": 2})
-    groups, _, _ = op.to_groups([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)])
-    assert groups[0].model_version == 2
-    assert [r.info["model_version"] for r in groups[0].rollouts] == [5, 2]
+    table, _, _ = op.to_table([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)])
+    assert table.versions.tolist() == [[5, 2]]
+    core = OrchestratorCore(ResamplingPolicy(group_size=2, target_groups=2), ["0"])
+    assert core.submit_table(table)[0].model_version == 2
 
 
 def test_operator_stale_member_of_a_fresh_group_is_caught(actor_name, ray_local):
