@@ -1,7 +1,8 @@
 """Benchmark: orchestrator actor ingest through Ray, checkpointing on.
 
-Callers send ``submit_groups`` calls of ``--call-groups`` groups of ``--n`` rollouts (rewards
-+-1, about half the groups informative) and drain ``pop_batch``; the actor checkpoints after
+Callers send ``submit_groups`` calls of ``--call-groups`` groups of ``--n`` rollouts, each one
+:class:`~orchestrator.core.types.GroupTable` as the Trinity operator sends them (rewards +-1,
+about half the groups informative), and drain ``pop_batch``; the actor checkpoints after
 every call (``checkpoint_path`` set). Reported: groups per second from one caller and from
 ``--callers`` concurrent callers (threads of this driver, each its own sequence of calls),
 against the same core in this process without Ray or checkpoint (the reference, ratio 1).
@@ -28,36 +29,38 @@ import ray
 
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.core.types import GroupTable
 from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.tasks.taskset import IndexTaskSet
 
 
-def make_calls(calls: int, call_groups: int, n: int, num_tasks: int, seed: int) -> list[list[Group]]:
+def make_calls(calls: int, call_groups: int, n: int, num_tasks: int, seed: int) -> list[GroupTable]:
+    """One :class:`GroupTable` per call (the Trinity operator's transport): rewards +-1 with
+    p(correct) in {0, 0.5, 1} per group, so about half the groups are informative."""
     rng = np.random.default_rng(seed)
     out = []
     for c in range(calls):
         tasks = rng.integers(0, num_tasks, size=call_groups)
         p = rng.choice([0.0, 0.5, 1.0], size=call_groups)
         rewards = np.where(rng.random((call_groups, n)) < p[:, None], 1.0, -1.0)
-        out.append([
-            Group(str(t), [Experience(ExperienceId(str(t), r, round_tag=str(c)), reward=float(x)) for r, x in enumerate(row)])
-            for t, row in zip(tasks.tolist(), rewards)
-        ])
+        out.append(GroupTable(
+            [str(t) for t in tasks.tolist()], [str(c)] * call_groups, [f"{c}:{i}" for i in range(call_groups)],
+            np.tile(np.arange(n), (call_groups, 1)), rewards, np.zeros((call_groups, n), dtype=np.int64),
+        ))
     return out
 
 
-def in_process(policy: dict, num_tasks: int, calls: list[list[Group]]) -> float:
+def in_process(policy: dict, num_tasks: int, calls: list[GroupTable]) -> float:
     core = OrchestratorCore(ResamplingPolicy.parse(policy), [str(i) for i in range(num_tasks)])
     t0 = time.perf_counter()
-    for groups in calls:
-        core.submit(groups)
+    for table in calls:
+        core.submit_table(table)
         while core.try_emit() is not None:
             pass
     return time.perf_counter() - t0
 
 
-def through_ray(policy: dict, num_tasks: int, per_caller: list[list[list[Group]]], ckpt_dir: str) -> float:
+def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]], ckpt_dir: str) -> float:
     name = f"dso-ingest-{uuid.uuid4().hex[:8]}"
     actor = get_or_create_orchestrator(
         policy, IndexTaskSet.of_size(num_tasks), name=name, namespace="trinity-dso",
@@ -67,7 +70,7 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[list[Group]]
 
     def caller(calls):
         for groups in calls:
-            ray.get(actor.submit_groups.remote(groups))
+            ray.get(actor.submit_groups.remote(groups, on_invalid="drop"))
             while ray.get(actor.pop_batch.remote()) is not None:
                 pass
 

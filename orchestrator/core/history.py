@@ -113,7 +113,8 @@ class TaskHistory:
         return out
 
     def state_dict(self) -> dict:
-        return {name: getattr(self, name).tolist() for name in _FIELDS}
+        """(T,) array copies by field (the core's :meth:`state_dict` makes them JSON lists)."""
+        return {name: getattr(self, name).copy() for name in _FIELDS}
 
     def load_state_dict(self, state: dict) -> None:
         for name, dtype in _FIELDS.items():

@@ -51,6 +51,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,8 @@ from orchestrator.core.types import Batch, Experience, ExperienceId, Group, Grou
 from orchestrator.core.validate import MAX_INT32, check_group
 
 log = logging.getLogger("trinity_dso.core")
+
+_LABELS = {int(r): r.label for r in GroupReason}
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
@@ -139,6 +142,17 @@ class RoundPlan:
     purpose: Purpose
     round: int
     batch_id: int
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every numpy array or scalar inside dicts and lists made a Python list or number."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
 
 
 def table_error(errors: dict[int, str]) -> Exception:
@@ -845,12 +859,13 @@ class OrchestratorCore:
             sums["reward_count_all"] += int(valid.sum())
             sums["reward_sum_kept"] += float(rewards[keep][valid[keep]].sum())
             sums["reward_count_kept"] += int(valid[keep].sum())
-        for g, code in zip(groups, reasons):
-            g.reason = GroupReason(int(code)).label
+        informative = int(GroupReason.INFORMATIVE)
+        for g, code in zip(groups, reasons.tolist()):
+            g.reason = _LABELS[code]
             self.classified_by_reason[g.reason] += 1
             c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
             w["rollouts"] += g.size
-            if code == GroupReason.INFORMATIVE:
+            if code == informative:
                 self.carry.append(g)
             else:
                 self.dropped_task_ids.append(g.task_id)
@@ -1068,12 +1083,16 @@ class OrchestratorCore:
         return self.carry + self.candidates
 
     def state_dict(self, payloads: bool = True) -> dict:
-        """Everything needed to resume: JSON-serialisable.
+        """Everything needed to resume: JSON-serialisable (:meth:`state` with its arrays as lists)."""
+        return json_safe(self.state(payloads))
+
+    def state(self, payloads: bool = False) -> dict:
+        """Everything needed to resume, its per-task columns as (T,) numpy arrays (copies).
 
         Args:
             payloads: True puts the held groups themselves in ``carry`` / ``candidates``; False
                 only their ``Group.key`` (the service stores the groups once, elsewhere, so the
-                state stays small whatever the groups hold).
+                state stays small whatever the groups hold, and stores the columns by change).
         """
         held = (lambda gs: [group_to_dict(g) for g in gs]) if payloads else (lambda gs: [g.key for g in gs])
         return {

@@ -311,7 +311,8 @@ class PassRateEstimate:
     }
 
     def state_dict(self) -> dict:
-        return {name: getattr(self, name).tolist() for name in self.STATE}
+        """(T,) array copies by field (the core's :meth:`state_dict` makes them JSON lists)."""
+        return {name: getattr(self, name).copy() for name in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore; raises ValueError when an array does not match the task count."""

@@ -246,7 +246,7 @@ class InformativeSelection(TaskSelection):
         return self._take(order[: self.left(min(count, limit), ctx)], n_due)
 
     def state_dict(self) -> dict:
-        return {"picks": self.picks, "draws": self.draws, "revisits": self.revisits, "last_pick": self.last_pick.tolist()}
+        return {"picks": self.picks, "draws": self.draws, "revisits": self.revisits, "last_pick": self.last_pick.copy()}
 
     def load_state_dict(self, state: dict) -> None:
         last = np.asarray(state["last_pick"], dtype=np.int64)

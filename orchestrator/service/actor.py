@@ -216,7 +216,7 @@ class Orchestrator(AnchorLifecycle):
         if self.store is None:
             return None, batches, set()
         held = {g.key: g for g in self.core.held_groups()}
-        state = self.core.state_dict(payloads=False)
+        state = self.core.state(payloads=False)
         state.update(self._anchor_state_dict())
         state["attachment"] = dict(self.attachment)
         if self._anchor_guard is not None:
@@ -434,8 +434,15 @@ class Orchestrator(AnchorLifecycle):
         return [g.reason for g in groups]
 
     async def _submit_table(self, table: GroupTable, on_invalid: str, *, emit: bool = True) -> np.ndarray:
-        """:meth:`_submit` of a table: the same identities (:meth:`GroupTable.keys`), rounds,
-        slices and commits, with the rows checked and accepted at once (no per-rollout objects)."""
+        """:meth:`_submit` of a table: the same identities (:meth:`GroupTable.keys`), with the rows
+        checked and accepted in one vectorised pass (no per-rollout objects, no slices).
+
+        The call is one round, whatever it releases: a batch released by it does not start a
+        new round within it (the list route releases between slices of about
+        :data:`SLICE_ROLLOUTS` rollouts and counts the rest of the call as the next batch's first
+        round). Batches are the same either way; round counters and the padding candidates of
+        a batch released inside a call can differ.
+        """
         if not isinstance(table, GroupTable):
             raise InvalidGroupError(f"groups: expected a GroupTable, got {type(table).__name__}")
         if on_invalid not in ("raise", "drop"):
@@ -448,21 +455,14 @@ class Orchestrator(AnchorLifecycle):
             _, errors = self.core.check_table(todo)
             if errors:
                 raise table_error(errors)
-        # the slices of the list route (about SLICE_ROLLOUTS rollouts, a group counting n + 1), so
-        # that batches are released at the same points whichever route submits the groups
-        rows = -(-SLICE_ROLLOUTS // (todo.runs.shape[1] + 1))
-        bounds = [(lo, min(lo + rows, len(todo))) for lo in range(0, len(todo), rows)]
-
-        def submit(i: int) -> list[Group]:
-            lo, hi = bounds[i]
-            groups = self.core.submit_table(todo.take(slice(lo, hi)) if len(bounds) > 1 else todo, on_invalid,
-                                            new_round=i == 0)
-            for g, row in zip(groups, fresh[lo:hi]):
+        def submit(_: int) -> list[Group]:  # one vectorised pass: the whole call is one round
+            groups = self.core.submit_table(todo, on_invalid)
+            for g, row in zip(groups, fresh):
                 g.key = keys[row] if keys[row] is not None else f"anon:{uuid.uuid4().hex}"
                 labels[row] = g.reason
             return groups
 
-        await self._submit_parts(len(bounds), submit, emit)
+        await self._submit_parts(1 if fresh else 0, submit, emit)
         return np.array(labels, dtype=str)
 
     @staticmethod

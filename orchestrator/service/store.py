@@ -2,9 +2,12 @@
 
 What the file holds (tables):
 
-* ``dso_state``: the core's small state (:meth:`OrchestratorCore.state_dict` with
-  ``payloads=False``: counters, history, task order, policy, and the *keys* of the held
-  groups) plus the anchor index's tracked batches, with a sequence number;
+* ``dso_state``: the core's small state (:meth:`OrchestratorCore.state` with
+  ``payloads=False``: counters, task order, policy, and the *keys* of the held groups) plus
+  the anchor index's tracked batches, with a sequence number (pickled);
+* ``dso_columns`` / ``dso_column_changes``: the state's per-task columns ((T,) numpy arrays such
+  as ``history.mean``), each written whole once, then as the rows that changed in each commit;
+  a column is written whole again once its changes add up to its length;
 * ``dso_groups``: one row per group ever accepted (its key and filter label, so a retried
   submit is answered, not counted again), with the group itself (pickled) while it is held;
   written once when accepted, its payload cleared when the group leaves the held set;
@@ -17,7 +20,7 @@ and the ready queue, hand-outs, the new state) in one SQLite transaction (WAL,
 ``synchronous=FULL``): after a crash the file holds either everything a change did or none of
 it. So a batch id is written once, with the state that produced it, and a batch emitted but
 not handed out is handed out after a restart. The cost of a commit grows with what changed
-(new groups, emitted batches), not with the number of groups held.
+(new groups, emitted batches, tasks touched), not with the number of groups held or of tasks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from orchestrator.core.types import Batch, Group
 from orchestrator.service.sink import SQLiteSink
@@ -47,6 +53,17 @@ CREATE TABLE IF NOT EXISTS dso_ready (
     batch_id INTEGER PRIMARY KEY,
     payload BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dso_columns (
+    name TEXT PRIMARY KEY,
+    dtype TEXT NOT NULL,
+    base BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dso_column_changes (
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    rows BLOB NOT NULL,
+    vals BLOB NOT NULL
+);
 """
 
 
@@ -60,7 +77,8 @@ class Saved:
 
     Attributes:
         seq: number of commits so far.
-        state: the last committed state (JSON object).
+        state: the last committed state (a JSON-safe dict, stored pickled: its per-task arrays
+            make JSON text the largest cost of a commit).
         groups: the held groups by key.
         seen: filter label of every group key ever accepted.
         ready: batches emitted and not handed out, oldest first.
@@ -127,6 +145,8 @@ class StateStore:
                 "older version cannot be resumed: move it away to start afresh"
             ) from None
         self.seq = 0
+        self._columns: dict[str, np.ndarray] = {}  # each column as last committed
+        self._changed: dict[str, int] = {}  # rows written as changes since its last whole write
 
     def __getstate__(self) -> dict:
         raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
@@ -137,7 +157,17 @@ class StateStore:
         if row is None:
             return None
         self.seq = int(row[0])
-        state = json.loads(row[1])
+        state = pickle.loads(row[1]) if isinstance(row[1], bytes) else json.loads(row[1])  # JSON: older files
+        columns = {name: np.frombuffer(base, dtype=dtype).copy()
+                   for name, dtype, base in self._db.execute("SELECT name, dtype, base FROM dso_columns")}
+        changed = dict.fromkeys(columns, 0)
+        for name, rows, vals in self._db.execute("SELECT name, rows, vals FROM dso_column_changes ORDER BY seq, rowid"):
+            col = columns[name]
+            idx = np.frombuffer(rows, dtype=np.int64)
+            col[idx] = np.frombuffer(vals, dtype=col.dtype)
+            changed[name] += idx.size
+        self._columns, self._changed = {k: v.copy() for k, v in columns.items()}, changed
+        state = _join(state, columns)
         seen: dict[str, str] = {}
         groups: dict[str, Group] = {}
         for key, reason, payload in self._db.execute("SELECT key, reason, payload FROM dso_groups"):
@@ -156,8 +186,16 @@ class StateStore:
         """
         db = self._db
         handed = set(change.handed)
+        small, columns = _split(change.state)
+        whole, rows = self._column_writes(columns)
         with db:
             db.execute("BEGIN IMMEDIATE")
+            for name in whole:
+                db.execute("INSERT OR REPLACE INTO dso_columns VALUES (?, ?, ?)",
+                           (name, columns[name].dtype.str, columns[name].tobytes()))
+                db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
+            db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
+                           ((self.seq + 1, name, idx.tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
             db.executemany("INSERT OR IGNORE INTO dso_groups (key, reason) VALUES (?, ?)", change.seen.items())
             db.executemany(
                 "UPDATE dso_groups SET payload = ? WHERE key = ?",
@@ -174,12 +212,34 @@ class StateStore:
             db.execute(
                 "INSERT INTO dso_state (id, seq, state) VALUES (0, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state",
-                (self.seq + 1, json.dumps(change.state, allow_nan=False)),
+                (self.seq + 1, pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL)),
             )
         self.seq += 1
+        self._columns.update(columns)
+        for name in whole:
+            self._changed[name] = 0
+        for name, idx in rows.items():
+            self._changed[name] += idx.size
         if change.batches and self.sink is not None:
             self.sink.wal_checkpoint()
         return self.seq
+
+    def _column_writes(self, columns: dict[str, np.ndarray]) -> tuple[list[str], dict[str, np.ndarray]]:
+        """Which columns to write whole (new, reshaped, or their changes would pass their length)
+        and, for the others, the rows that changed since the last commit (compared bit for bit)."""
+        whole, rows = [], {}
+        for name, col in columns.items():
+            old = self._columns.get(name)
+            if old is None or old.shape != col.shape or old.dtype != col.dtype:
+                whole.append(name)
+                continue
+            bits = f"u{col.dtype.itemsize}"
+            idx = np.flatnonzero(old.view(bits) != col.view(bits))
+            if self._changed[name] + idx.size > col.size:
+                whole.append(name)
+            elif idx.size:
+                rows[name] = idx
+        return whole, rows
 
     def seen_keys(self, keys: Iterable[str]) -> dict[str, str]:
         """Filter labels of those ``keys`` already accepted."""
@@ -193,3 +253,28 @@ class StateStore:
     def close(self) -> None:
         if self.sink is None:
             self._db.close()
+
+
+def _split(state: Any, path: str = "") -> tuple[Any, dict[str, np.ndarray]]:
+    """The state without its 1-d numpy arrays, and those arrays by dotted path."""
+    if isinstance(state, dict):
+        small, columns = {}, {}
+        for k, v in state.items():
+            if isinstance(v, np.ndarray) and v.ndim == 1:
+                columns[f"{path}{k}"] = np.ascontiguousarray(v)
+            else:
+                small[k], more = _split(v, f"{path}{k}.")
+                columns.update(more)
+        return small, columns
+    return state, {}
+
+
+def _join(state: dict, columns: dict[str, np.ndarray]) -> dict:
+    """:func:`_split` undone: each column put back at its dotted path."""
+    for name, col in columns.items():
+        *parents, leaf = name.split(".")
+        node = state
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = col
+    return state

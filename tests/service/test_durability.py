@@ -2,8 +2,8 @@
 (:class:`Orchestrator`) on a real SQLite file, restarted by building it again on the same file."""
 
 import asyncio
-import json
 import os
+import pickle
 import sqlite3
 import subprocess
 import sys
@@ -75,8 +75,8 @@ def test_state_holds_ids_not_payloads(tmp_path):
     o = orch(tmp_path)
     run(o.submit_groups([group("t0", tokens=range(20_000))]))
     db = sqlite3.connect(tmp_path / "run.db")
-    state = json.loads(db.execute("SELECT state FROM dso_state").fetchone()[0])
-    assert state["carry"] == ["t0\x1fr0\x1f0,1"] and len(json.dumps(state)) < 5_000
+    (blob,) = db.execute("SELECT state FROM dso_state").fetchone()
+    assert pickle.loads(blob)["carry"] == ["t0\x1fr0\x1f0,1"] and len(blob) < 5_000
     (payload,) = db.execute("SELECT payload FROM dso_groups").fetchone()
     assert len(payload) > 20_000 * 2  # the tokens live in the groups table, written once
 
@@ -120,12 +120,12 @@ CRASH_IN_COMMIT = textwrap.dedent("""
     from tests.service.test_durability import orch, group
     from pathlib import Path
     o = orch(Path(sys.argv[1]))
-    real = store.json.dumps
-    def die(*a, **k):  # the state is serialised after the batch rows are inserted: die in the window
+    real = store.pickle.dumps
+    def die(*a, **k):  # the ready batch and the state are pickled after the sink's rows: die in the window
         if o.store.sink._db.in_transaction and o.store.sink._db.execute("SELECT COUNT(*) FROM batches").fetchone()[0]:
             os._exit(9)
         return real(*a, **k)
-    store.json.dumps = die
+    store.pickle.dumps = die
     asyncio.run(o.submit_groups([group("t1"), group("t2")]))
 """)
 
@@ -139,3 +139,17 @@ def test_crash_between_sink_write_and_state_commit_loses_and_duplicates_nothing(
     assert run(o.submit_groups([group("t1"), group("t2")])) == ["informative", "informative"]  # the caller's retry
     assert run(o.pop_batch()).batch_id == 0 and SQLiteSink(tmp_path / "run.db").batch_ids() == [0]
     assert invariant(o.get_stats())
+
+
+def test_task_columns_are_written_by_changed_rows_and_restored_exactly(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0")]))
+    db = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
+    db.execute("DELETE FROM dso_column_changes")  # only what the next commit writes
+    run(o.submit_groups([group("t3", tag="r1")]))
+    rows = {name: np.frombuffer(idx, dtype=np.int64).tolist()
+            for name, idx in db.execute("SELECT name, rows FROM dso_column_changes")}
+    assert rows["history.groups"] == [TASKS.index("t3")] and rows["history.rollouts"] == [TASKS.index("t3")]
+    restored = orch(tmp_path).core.state_dict()
+    assert restored["history"] == o.core.state_dict()["history"]
+    assert restored["passrate"] == o.core.state_dict()["passrate"]
