@@ -73,6 +73,7 @@ __all__ = [
     "encode_keys",
     "episode_advantages",
     "gigpo_advantages",
+    "gigpo_advantages_coded",
     "multi_step_grpo_advantages",
     "normalise_from_moments",
     "similarity_anchor_ids",
@@ -220,9 +221,9 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
         raise ValueError("encode_keys needs at least one column")
     cols = [np.asarray(c) for c in columns]
     _same_length(**{f"column{i}": c for i, c in enumerate(cols)})
-    ids = np.unique(cols[0], return_inverse=True)[1].reshape(-1).astype(np.int64)
+    ids = _dense_ids(cols[0])
     for c in cols[1:]:
-        code = np.unique(c, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        code = _dense_ids(c)
         radix = int(code.max()) + 1 if code.size else 1
         top = int(ids.max()) + 1 if ids.size else 1
         if top * radix < 2**62:  # mixed radix keeps lexicographic order; int sort is fast
@@ -230,6 +231,18 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
         else:
             ids = np.unique(np.stack([ids, code], axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
     return ids, (int(ids.max()) + 1 if ids.size else 0)
+
+
+def _dense_ids(x: np.ndarray) -> np.ndarray:
+    """(S,) int64 ``np.unique(x, return_inverse=True)[1]``: the rank of each row's key among the
+    distinct keys. Keys that are already dense integer codes (every value of 0..K-1 present)
+    are their own ranks and are returned without sorting (the usual case for codes made by
+    :func:`encode_keys`); anything else is ranked by ``np.unique``."""
+    if x.ndim == 1 and x.dtype.kind in "iu" and x.size:
+        lo, hi = int(x.min()), int(x.max())
+        if lo == 0 and hi < x.size and np.bincount(x, minlength=hi + 1).all():
+            return x.astype(np.int64, copy=False)
+    return np.unique(x, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def normalise_from_moments(
@@ -296,8 +309,7 @@ def _trajectory_layout(
     Raises InvalidStepError on a duplicate (trajectory, step) or a gap in the step indices.
     """
     describe = describe or (lambda i: f"trajectory {_r(traj_ids[i])}")
-    _, t = np.unique(traj_ids, return_inverse=True)
-    t = t.reshape(-1).astype(np.int64)
+    t = _dense_ids(traj_ids)
     order = np.lexsort((steps, t))
     ts, ss = t[order], steps[order]
     same = ts[1:] == ts[:-1]
@@ -443,8 +455,7 @@ def episode_advantages(
     if r.size == 0:
         return r.copy(), r.copy()
     task_code, _ = encode_keys(tk)
-    _, traj_code = np.unique(tr, return_inverse=True)
-    traj_code = traj_code.reshape(-1)
+    traj_code = _dense_ids(tr)
     # canonical summation order: by (trajectory, reward) so totals do not depend on row order
     order = np.lexsort((r, traj_code))
     num_traj = int(traj_code.max()) + 1
@@ -759,22 +770,109 @@ def gigpo_advantages(
     r = _as_1d(rewards, "rewards", np.float64)
     h = _as_1d(state_hashes, "state_hashes", object)
     _same_length(task_ids=tk, run_ids=rn, steps=st, rewards=r, state_hashes=h)
-    bad = ~np.isfinite(r)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidStepError(f"reward: non-finite value {_r(r[i])} at row {i} (task {_r(tk[i])}, run {_r(rn[i])}, step {_r(st[i])})")
+    _check_rewards(r, tk, rn, st)
     _check_hashes(h, tk, rn, st)
     st = _check_steps(st)
     if model_versions is not None and cfg.max_version_spread is not None:
         _check_versions(_as_1d(model_versions, "model_versions", np.int64), tk, rn, st, cfg.max_version_spread)
-    penalty = np.zeros_like(r)
-    if invalid is not None:
-        inv = _as_1d(invalid, "invalid", bool)
-        _same_length(rewards=r, invalid=inv)
-        penalty = cfg.invalid_action_penalty * inv
+    penalty = _penalty(cfg, r, invalid)
     task_code, _ = encode_keys(tk)  # string keys are sorted once; the rest works on ints
+    if cfg.similarity_threshold is None:
+        anchor_ids, sizes = anchor_group_ids(task_code, h)
+    else:
+        if state_texts is None:
+            raise ValueError("similarity_threshold is set but state_texts were not given")
+        anchor_ids, sizes = similarity_anchor_ids(
+            tk, state_texts, threshold=cfg.similarity_threshold, similarity=cfg.similarity, grouping=cfg.similarity_grouping
+        )
+    return _gigpo_from_codes(task_code, rn, st, r, penalty, anchor_ids, sizes, cfg, lambda i: f"task {_r(tk[i])} run {_r(rn[i])}")
+
+
+def gigpo_advantages_coded(
+    group_ids: Any,
+    run_ids: Any,
+    steps: Any,
+    rewards: Any,
+    state_ids: Any,
+    *,
+    config: GiGPOConfig | None = None,
+    invalid: Any = None,
+    group_names: Any = None,
+) -> GiGPOAdvantages:
+    """:func:`gigpo_advantages` on integer-coded keys, for adapters that factorise their keys once.
+
+    ``A = A^E + omega * A^S`` (Eq. 8) with A^E over each group's trajectories (Eq. 3), R_t
+    discounted along ``steps`` (Eq. 5), anchor groups (Eq. 6) = rows of one group with equal
+    ``state_ids``, and A^S within them (Eq. 7). Every number equals, bit for bit,
+    :func:`gigpo_advantages` on the keys the codes stand for (the statistics of a group do not
+    depend on how groups are labelled); only the labels in ``anchor_ids`` may differ. No
+    state-hash check (the codes are already the states) and no similarity grouping.
+
+    Args:
+        group_ids: (S,) int, the task group of each step (GiGPO's "task").
+        run_ids: (S,) int, the trajectory within its group.
+        steps: (S,) int >= 0, consecutive within a trajectory.
+        rewards: (S,) float, finite.
+        state_ids: (S,) int, the anchor state; equal codes within a group are one anchor group.
+            A step that must stay alone gets a code of its own.
+        config: :class:`GiGPOConfig` (``similarity_threshold`` must be None).
+        invalid: optional (S,) bool, True where the action was invalid.
+        group_names: optional (G,) names of the group codes, used in error messages.
+    Returns:
+        :class:`GiGPOAdvantages`, each field (S,) in the input order.
+    Raises:
+        InvalidStepError: lengths differ, a non-finite reward, a negative, duplicate or
+            missing step (messages name the row, group, run and step).
+        ValueError: ``config.similarity_threshold`` is set (use :func:`gigpo_advantages`).
+    """
+    cfg = config or GiGPOConfig()
+    if cfg.similarity_threshold is not None:
+        raise ValueError("gigpo_advantages_coded: similarity_threshold needs state texts; use gigpo_advantages")
+    g = _as_1d(group_ids, "group_ids", np.int64)
+    rn = _as_1d(run_ids, "run_ids", np.int64)
+    st = _as_1d(steps, "steps")
+    r = _as_1d(rewards, "rewards", np.float64)
+    sid = _as_1d(state_ids, "state_ids", np.int64)
+    _same_length(group_ids=g, run_ids=rn, steps=st, rewards=r, state_ids=sid)
+    names = g if group_names is None else np.asarray(group_names, dtype=object)[g]
+    _check_rewards(r, names, rn, st)
+    st = _check_steps(st)
+    anchor_ids, num = encode_keys(g, sid)
+    sizes = np.bincount(anchor_ids, minlength=num)[anchor_ids]
+    penalty = _penalty(cfg, r, invalid)
+    return _gigpo_from_codes(g, rn, st, r, penalty, anchor_ids, sizes, cfg, lambda i: f"task {_r(names[i])} run {_r(rn[i])}")
+
+
+def _check_rewards(r: np.ndarray, tk: np.ndarray, rn: np.ndarray, st: np.ndarray) -> None:
+    bad = ~np.isfinite(r)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidStepError(f"reward: non-finite value {_r(r[i])} at row {i} (task {_r(tk[i])}, run {_r(rn[i])}, step {_r(st[i])})")
+
+
+def _penalty(cfg: GiGPOConfig, r: np.ndarray, invalid: Any) -> np.ndarray:
+    """(S,) ``invalid_action_penalty * invalid`` (zeros without ``invalid``)."""
+    if invalid is None:
+        return np.zeros_like(r)
+    inv = _as_1d(invalid, "invalid", bool)
+    _same_length(rewards=r, invalid=inv)
+    return cfg.invalid_action_penalty * inv
+
+
+def _gigpo_from_codes(
+    task_code: np.ndarray,
+    rn: np.ndarray,
+    st: np.ndarray,
+    r: np.ndarray,
+    penalty: np.ndarray,
+    anchor_ids: np.ndarray,
+    sizes: np.ndarray,
+    cfg: GiGPOConfig,
+    describe: Any,
+) -> GiGPOAdvantages:
+    """Eq. 3, 5, 7 and 8 on validated integer rows (``describe(row)`` names a trajectory in errors)."""
     traj, _ = encode_keys(task_code, rn)
-    order, ts, q, lengths = _trajectory_layout(traj, st, lambda i: f"task {_r(tk[i])} run {_r(rn[i])}")
+    order, ts, q, lengths = _trajectory_layout(traj, st, describe)
     before = cfg.penalty_timing == "before_returns"
     r_disc = r - penalty if before else r
     returns = _returns_sorted(r_disc[order], ts, q, int(lengths.max()), float(cfg.gamma), order) if r.size else r.copy()
@@ -784,14 +882,6 @@ def gigpo_advantages(
         r - penalty, task_code, traj, norm=cfg.norm, eps=cfg.eps, weighting=cfg.episode_weighting,
         std=cfg.std, singleton=cfg.singleton_episode,
     )
-    if cfg.similarity_threshold is None:
-        anchor_ids, sizes = anchor_group_ids(task_code, h)
-    else:
-        if state_texts is None:
-            raise ValueError("similarity_threshold is set but state_texts were not given")
-        anchor_ids, sizes = similarity_anchor_ids(
-            tk, state_texts, threshold=cfg.similarity_threshold, similarity=cfg.similarity, grouping=cfg.similarity_grouping
-        )
     st_adv = step_advantages(returns, anchor_ids, norm=cfg.norm, eps=cfg.eps, std=cfg.std)
     return GiGPOAdvantages(
         advantages=ep_adv + cfg.omega * st_adv,

@@ -16,8 +16,10 @@ from algos.gigpo import (
     anchor_group_ids,
     broadcast_to_tokens,
     discounted_returns,
+    encode_keys,
     episode_advantages,
     gigpo_advantages,
+    gigpo_advantages_coded,
     multi_step_grpo_advantages,
     similarity_anchor_ids,
 )
@@ -247,6 +249,62 @@ def test_matches_naive_reference_on_random_batch(norm):
     ep, st = _naive_gigpo(tasks, runs, steps, rewards, hashes, 0.9, norm)
     np.testing.assert_allclose(out.episode, ep, atol=1e-9)
     np.testing.assert_allclose(out.step, st, atol=1e-9)
+
+
+def test_coded_entry_point_hand_computed():
+    # group 0: run 0 steps (rewards 0, 1) from states 5, 6; run 1 one step (reward 0) from state 5.
+    # gamma 0.5, F_norm 1: R = [0.5, 1] and [0]; episode totals 1 and 0 -> A_E = +-0.5;
+    # anchor (0, 5) holds returns 0.5 and 0 -> A_S = +-0.25; (0, 6) is alone -> 0.
+    out = gigpo_advantages_coded([0, 0, 0], [0, 0, 1], [0, 1, 0], [0.0, 1.0, 0.0], [5, 6, 5],
+                                 config=cfg(gamma=0.5, norm="none"))
+    np.testing.assert_array_equal(out.returns, [0.5, 1.0, 0.0])
+    np.testing.assert_array_equal(out.episode, [0.5, 0.5, -0.5])
+    np.testing.assert_array_equal(out.step, [0.25, 0.0, -0.25])
+    np.testing.assert_array_equal(out.advantages, [0.75, 0.5, -0.75])
+    np.testing.assert_array_equal(out.anchor_sizes, [2, 1, 2])
+
+
+@pytest.mark.parametrize("norm", ["std", "none"])
+def test_coded_entry_point_equals_gigpo_advantages_on_the_keys_the_codes_stand_for(norm):
+    rng = np.random.default_rng(3)
+    rows = [
+        (f"t{t}", run, s, float(rng.normal()), f"h{int(rng.integers(0, 4))}", bool(rng.random() < 0.1))
+        for t in range(7) for run in range(5) for s in range(int(rng.integers(1, 10)))
+    ]
+    perm = rng.permutation(len(rows))
+    tasks, runs, steps, rewards, hashes, invalid = (np.array(c)[perm] for c in zip(*rows))
+    c = cfg(gamma=0.9, norm=norm, omega=0.7, invalid_action_penalty=0.2)
+    ref = gigpo_advantages(tasks, runs, steps, rewards, hashes, config=c, invalid=invalid)
+    # codes numbered in order of first appearance, not sorted: the numbers must not depend on labels
+    g_codes = {k: i for i, k in enumerate(dict.fromkeys(tasks.tolist()))}
+    s_codes = {k: i for i, k in enumerate(dict.fromkeys(hashes.tolist()))}
+    got = gigpo_advantages_coded([g_codes[t] for t in tasks], runs, steps, rewards, [s_codes[h] for h in hashes],
+                                 config=c, invalid=invalid)
+    for name in ("advantages", "episode", "step", "returns", "episode_returns", "anchor_sizes"):
+        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=0, atol=1e-9, err_msg=name)
+    ep, st = _naive_gigpo(tasks.tolist(), runs.tolist(), steps.tolist(), (rewards - 0.2 * invalid).tolist(),
+                          hashes.tolist(), 0.9, norm)
+    np.testing.assert_allclose(got.episode, ep, atol=1e-9)
+    np.testing.assert_allclose(got.step, st, atol=1e-9)
+
+
+def test_coded_entry_point_names_the_group_of_a_bad_step():
+    with pytest.raises(InvalidStepError, match=r"reward: non-finite value nan at row 1 \(task 'alfworld/3', run 0, step 1\)"):
+        gigpo_advantages_coded([0, 0], [0, 0], [0, 1], [0.0, float("nan")], [0, 1], group_names=["alfworld/3"])
+    with pytest.raises(InvalidStepError, match=r"duplicate step 0 of task 'alfworld/3' run 2"):
+        gigpo_advantages_coded([0, 0], [2, 2], [0, 0], [0.0, 1.0], [0, 1], group_names=["alfworld/3"])
+    with pytest.raises(ValueError, match="similarity_threshold needs state texts"):
+        gigpo_advantages_coded([0], [0], [0], [0.0], [0], config=cfg(similarity_threshold=0.9))
+
+
+def test_encode_keys_of_dense_and_sparse_integer_codes():
+    # already dense codes are their own ids; sparse or negative ones are ranked
+    np.testing.assert_array_equal(encode_keys(np.array([2, 0, 1, 0]))[0], [2, 0, 1, 0])
+    np.testing.assert_array_equal(encode_keys(np.array([7, 3, 7, -1]))[0], [2, 1, 2, 0])
+    np.testing.assert_array_equal(encode_keys(np.array([1, 1, 2]))[0], [0, 0, 1])
+    ids, k = encode_keys(np.array([1, 0, 1, 0]), np.array([9, 9, 4, 9]))  # (1,9) (0,9) (1,4) (0,9)
+    np.testing.assert_array_equal(ids, [2, 0, 1, 0])
+    assert k == 3
 
 
 def test_invalid_action_penalty_lowers_reward():
