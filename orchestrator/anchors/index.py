@@ -40,6 +40,8 @@ queried task has exactly ``n_runs`` complete runs.
 from __future__ import annotations
 
 import re
+import time
+import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -50,6 +52,8 @@ import numpy as np
 
 from algos.gigpo import encode_keys, normalise_from_moments
 from algos.groups import Norm
+
+_U64 = np.uint64
 
 
 class AnchorIndexError(RuntimeError):
@@ -108,6 +112,186 @@ def _validate(steps: Sequence[AnchorStep | dict]) -> list[AnchorStep]:
         if s.run < 0 or s.step < 0:
             raise ValueError(f"run/step: negative value (run {s.run}, step {s.step}) for task {s.task!r} (item {i})")
     return recs
+
+
+@dataclass(frozen=True)
+class InsertReceipt:
+    """What :meth:`AnchorIndex.insert_trajectories` wrote and where the batch stands after it.
+
+    Attributes:
+        added: trajectories newly stored (re-inserted identical ones are not counted).
+        done: complete runs of each task of the call, read in the same atomic step as the write.
+        cursor: backend position of that reading, for :meth:`AnchorIndex.wait_complete`
+            (the Redis event-stream id; None for the memory index).
+    """
+
+    added: int
+    done: dict[str, int]
+    cursor: Any = None
+
+
+@dataclass(frozen=True)
+class TrajectoryRecords:
+    """Whole trajectories prepared for a backend, in numpy, without per-step Python objects.
+
+    Attributes:
+        run_task, run_id, run_length: (R,) each trajectory's task (index into ``task_names``),
+            run and number of steps.
+        run_digest: (R,) uint64, an order-free 64-bit digest of the trajectory's (step, state,
+            return) triples (``state`` by the CRC-32 of its UTF-8 text, ``return`` by its
+            float64 bits, mixed with splitmix64 and summed mod 2^64): equal trajectories get
+            equal digests, so a re-insert is recognised, and different ones differ except with
+            probability ~2^-64.
+        group_task, group_state: (G,) each anchor group's task and state (indices into the names).
+        moments: (G, 4) float64 ``[n, c, S1, S2]`` of the call's returns in each anchor group,
+            ``c`` the group minimum, sums accumulated in (group, return) order (as
+            :func:`algos.groups.normalise_in_groups`).
+        task_names, state_names: the texts of the codes.
+        num_steps: S, steps in the call.
+        columns: the checked (S,) step columns ``(task_ids, runs, steps, state_ids, returns,
+            last)``, for backends that store steps one by one.
+    """
+
+    run_task: np.ndarray
+    run_id: np.ndarray
+    run_length: np.ndarray
+    run_digest: np.ndarray
+    group_task: np.ndarray
+    group_state: np.ndarray
+    moments: np.ndarray
+    task_names: list[str]
+    state_names: list[str]
+    num_steps: int
+    columns: tuple[np.ndarray, ...]
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser (Steele, Lea and Flood, 2014), vectorised on uint64 (wrapping)."""
+    with np.errstate(over="ignore"):
+        z = x + _U64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+        return z ^ (z >> _U64(31))
+
+
+def trajectory_records(
+    task_ids: Any,
+    task_names: Sequence[str],
+    runs: Any,
+    steps: Any,
+    state_ids: Any,
+    state_names: Sequence[str],
+    returns: Any,
+) -> TrajectoryRecords:
+    """Check whole trajectories given as integer-coded columns and reduce them per trajectory
+    and per anchor group (GiGPO Eq. 6: the steps of one task that acted from one state).
+
+    Args:
+        task_ids: (S,) int, index into ``task_names``.
+        task_names: (T,) str, non-empty, without the separators \\x1e / \\x1f.
+        runs, steps: (S,) int >= 0; each (task, run) holds steps 0..L-1 exactly once.
+        state_ids: (S,) int, index into ``state_names`` (same rules as ``task_names``).
+        returns: (S,) float, finite: R_t of each step (Eq. 5).
+    Returns:
+        :class:`TrajectoryRecords`.
+    Raises:
+        ValueError: lengths differ, a bad name, a negative run or step, a non-finite return, a
+            duplicate step or a trajectory whose steps are not 0..L-1 (the message names task,
+            run and step).
+    """
+    tk = np.asarray(task_ids, dtype=np.int64).reshape(-1)
+    rn = np.asarray(runs, dtype=np.int64).reshape(-1)
+    st = np.asarray(steps, dtype=np.int64).reshape(-1)
+    sid = np.asarray(state_ids, dtype=np.int64).reshape(-1)
+    ret = np.asarray(returns, dtype=np.float64).reshape(-1)
+    if not (tk.size == rn.size == st.size == sid.size == ret.size):
+        raise ValueError(f"task_ids, runs, steps, state_ids, returns lengths differ: {tk.size}, {rn.size}, {st.size}, {sid.size}, {ret.size}")
+    task_names, state_names = list(task_names), list(state_names)
+    for kind, names in (("task", task_names), ("state_hash", state_names)):
+        for k, name in enumerate(names):
+            if not isinstance(name, str) or not name or _SEPARATORS.search(name):
+                raise ValueError(f"{kind}: empty, not a str, or with a control character \\x1e/\\x1f: {name!r} (code {k})")
+    for kind, codes, names in (("task_ids", tk, task_names), ("state_ids", sid, state_names)):
+        if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
+            i = int(np.flatnonzero((codes < 0) | (codes >= len(names)))[0])
+            raise ValueError(f"{kind}: code {int(codes[i])} at row {i} is not an index into its {len(names)} names")
+
+    def where(i: int) -> str:
+        return f"task {task_names[tk[i]]!r} run {int(rn[i])} step {int(st[i])}"
+
+    bad = ~np.isfinite(ret)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"ret: non-finite value {float(ret[i])!r} for {where(i)} (row {i})")
+    neg = (rn < 0) | (st < 0)
+    if neg.any():
+        i = int(np.flatnonzero(neg)[0])
+        raise ValueError(f"run/step: negative value for {where(i)} (row {i})")
+    if tk.size == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return TrajectoryRecords(
+            e, e, e, e.astype(np.uint64), e, e, np.zeros((0, 4)), task_names, state_names, 0, (e, e, e, e, ret, e.astype(bool))
+        )
+    traj, num_traj = encode_keys(tk, rn)
+    order = np.lexsort((st, traj))
+    ts, ss = traj[order], st[order]
+    starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
+    length = np.diff(np.r_[starts, ts.size])
+    expect = np.arange(ts.size) - np.repeat(starts, length)  # 0..L-1 within each trajectory
+    wrong = ss != expect
+    if wrong.any():
+        k = int(np.flatnonzero(wrong)[0])
+        i = int(order[k])
+        what = "duplicate" if k and ts[k] == ts[k - 1] and ss[k] == ss[k - 1] else f"expected step {int(expect[k])}"
+        raise ValueError(f"steps: {where(i)} (row {i}): {what}; a call must hold whole trajectories, steps 0..L-1 once each")
+    first = order[starts]
+    crc = np.array([zlib.crc32(n.encode()) for n in state_names], dtype=np.uint64)
+    mixed = _splitmix64(ret.view(np.uint64) ^ _splitmix64((crc[sid] << _U64(32)) | st.astype(np.uint64)))
+    digest = np.add.reduceat(mixed[order], starts) if ts.size else np.zeros(0, dtype=np.uint64)
+    gid, num = encode_keys(tk, sid)
+    gorder = np.lexsort((ret, gid))
+    gs, rs = gid[gorder], ret[gorder]
+    gstart = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+    count = np.bincount(gs, minlength=num).astype(np.float64)
+    shift = rs[gstart]
+    d = rs - shift[gs]
+    s1 = np.bincount(gs, weights=d, minlength=num)
+    s2 = np.bincount(gs, weights=d * d, minlength=num)
+    grow = gorder[gstart]
+    return TrajectoryRecords(
+        run_task=tk[first], run_id=rn[first], run_length=length.astype(np.int64), run_digest=digest.astype(np.uint64),
+        group_task=tk[grow], group_state=sid[grow], moments=np.stack([count, shift, s1, s2], axis=1),
+        task_names=task_names, state_names=state_names, num_steps=int(tk.size),
+        columns=(tk, rn, st, sid, ret, st == length[traj] - 1),  # traj codes are the sorted ranks
+    )
+
+
+def poll_complete(index: Any, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float) -> None:
+    """Wait, by polling ``index.completed_runs`` (back-off 20 ms doubling to 0.5 s), until every
+    task has ``n_runs`` complete runs in ``batch_key``; for backends that cannot announce
+    completion (an index served by a Ray actor answers one call at a time, so it cannot block).
+
+    Raises:
+        AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks and counts).
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while True:
+        done = index.completed_runs(batch_key)
+        short = {t: done.get(t, 0) for t in tasks if done.get(t, 0) < n_runs}
+        if not short:
+            return
+        if time.monotonic() >= deadline:
+            raise _incomplete(batch_key, short, n_runs, timeout_s)
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+        delay = min(delay * 2, 0.5)
+
+
+def _incomplete(batch_key: str, short: dict[str, int], n_runs: int, timeout_s: float) -> AnchorIndexError:
+    return AnchorIndexError(
+        f"group_size: after {timeout_s:.0f}s these groups of batch {batch_key!r} still have fewer than {n_runs} "
+        f"complete trajectories in the anchor index: {dict(list(short.items())[:5])}"
+    )
 
 
 class AnchorIndex(ABC):
@@ -171,6 +355,45 @@ class AnchorIndex(ABC):
         """True when ``task`` has exactly ``n_runs`` complete runs in ``batch_key``."""
         return self.completed_runs(batch_key).get(task, 0) == n_runs
 
+    def insert_trajectories(self, batch_key: str, records: TrajectoryRecords) -> InsertReceipt:
+        """Record whole trajectories (see :func:`trajectory_records`) and report the completed
+        runs of their tasks.
+
+        Same stored statistics and the same idempotence as :meth:`insert` of their steps, each
+        trajectory's ``last`` step marked: re-inserting a stored trajectory is a no-op and
+        re-inserting it with other steps is refused. This default writes the steps through
+        :meth:`insert`; the Redis index sends one record per trajectory and per anchor group.
+
+        Raises:
+            AnchorConflictError: a trajectory already stored with other steps.
+            AnchorIndexError: backend failure or lost batch state.
+        """
+        tk, rn, st, sid, ret, last = records.columns
+        names, states = records.task_names, records.state_names
+        self.insert(batch_key, [
+            AnchorStep(names[t], r, k, states[h], x, last=e)
+            for t, r, k, h, x, e in zip(tk.tolist(), rn.tolist(), st.tolist(), sid.tolist(), ret.tolist(), last.tolist())
+        ])
+        added = int(records.run_id.size)  # (the per-step insert does not say which trajectories were new)
+        tasks = [names[t] for t in np.unique(records.run_task).tolist()]
+        return InsertReceipt(added, self._moments(batch_key, [], tasks)[1] if tasks else {})
+
+    def wait_complete(
+        self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float, receipt: InsertReceipt | None = None
+    ) -> None:
+        """Return once every task in ``tasks`` has ``n_runs`` complete runs in ``batch_key``.
+
+        This default polls (:func:`poll_complete`); the memory and Redis indexes override it to
+        block until an insert announces completion.
+
+        Args:
+            receipt: the caller's own :class:`InsertReceipt` for this batch, if any (its counts
+                and cursor spare a first read).
+        Raises:
+            AnchorIndexError: still incomplete after ``timeout_s``, or backend failure.
+        """
+        poll_complete(self, batch_key, tasks, n_runs, timeout_s)
+
     def step_advantages(
         self,
         batch_key: str,
@@ -212,14 +435,47 @@ class AnchorIndex(ABC):
         first = np.full(num, -1, dtype=np.int64)
         first[gid[::-1]] = np.arange(gid.size)[::-1]
         keys = [(str(tasks_a[i]), str(hashes_a[i])) for i in first]
-        uniq_tasks = sorted(set(tasks_a.tolist()))
+        return self.group_step_advantages(batch_key, keys, gid, rets, norm=norm, eps=eps, n_runs=n_runs)
+
+    def group_step_advantages(
+        self,
+        batch_key: str,
+        group_keys: Sequence[tuple[str, str]],
+        group_of_row: Any,
+        returns: Any,
+        *,
+        norm: Norm = "std",
+        eps: float = 1e-6,
+        n_runs: int | None = None,
+    ) -> np.ndarray:
+        """:meth:`step_advantages` for callers that already grouped their rows: one read of the
+        distinct anchor groups' moments, gathered per row by integer code (no per-row keys).
+
+        Args:
+            group_keys: (K,) distinct ``(task, state_hash)`` anchor groups.
+            group_of_row: (Q,) int in [0, K), each row's group.
+            returns: (Q,) float, each row's R_t.
+            norm, eps, n_runs: as :meth:`step_advantages`.
+        Returns:
+            (Q,) float64.
+        Raises:
+            as :meth:`step_advantages`.
+        """
+        gid = np.asarray(group_of_row, dtype=np.int64).reshape(-1)
+        rets = np.asarray(returns, dtype=np.float64).reshape(-1)
+        keys = [(str(t), str(h)) for t, h in group_keys]
+        if gid.size != rets.size:
+            raise ValueError(f"group_of_row, returns lengths differ: {gid.size}, {rets.size}")
+        if rets.size == 0:
+            return rets.copy()
+        uniq_tasks = sorted({t for t, _ in keys})
         moments, done = self._moments(batch_key, keys, uniq_tasks)
         missing = np.isnan(moments[:, 0])
         if missing.any():
             t, h = keys[int(np.flatnonzero(missing)[0])]
             raise AnchorIndexError(
                 f"{self._where()}: anchor group (task {t!r}, state {h!r}) is not in batch {batch_key!r} "
-                f"({int(missing.sum())} of {num} queried groups missing)"
+                f"({int(missing.sum())} of {len(keys)} queried groups missing)"
             )
         if n_runs is not None:
             for t in uniq_tasks:

@@ -26,6 +26,17 @@ for rec in string.gmatch(ARGV[4], '[^\30]+') do
   RF[count] = tp .. run
 end
 if count == 0 then return {0, epoch} end
+-- a run stored whole by insert_runs.lua cannot take steps one by one (it would count them twice)
+local whole, wseen = {}, {}
+for i = 1, count do
+  if not wseen[RF[i]] then wseen[RF[i]] = true; whole[#whole + 1] = RF[i] .. '#digest' end
+end
+local wd = redis.call('HMGET', KEYS[4], unpack(whole))
+for k = 1, #whole do
+  if wd[k] then
+    return redis.error_reply('CONFLICT run ' .. string.sub(whole[k], 1, -8) .. ' was stored whole; its steps cannot be added one by one')
+  end
+end
 local olds = redis.call('HMGET', KEYS[2], unpack(SF))
 -- validation: refuse the whole call on a conflicting duplicate, before any write
 local pending, new_rows, is_new = {}, {}, {}

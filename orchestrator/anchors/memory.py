@@ -9,7 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.anchors.index import AnchorConflictError, AnchorIndex, AnchorIndexError, AnchorStep, _histogram, _validate
+from orchestrator.anchors.index import (
+    AnchorConflictError,
+    AnchorIndex,
+    AnchorIndexError,
+    AnchorStep,
+    InsertReceipt,
+    _histogram,
+    _incomplete,
+    _validate,
+)
 
 
 def _add_moment(g: list[float], r: float) -> None:
@@ -49,16 +58,18 @@ class MemoryAnchorIndex(AnchorIndex):
         self.ttl_s = ttl_s
         self._batches: dict[str, _MemBatch] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified after every insert
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
             state = self.__dict__.copy()
-        del state["_lock"]
+        del state["_lock"], state["_changed"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -101,7 +112,29 @@ class MemoryAnchorIndex(AnchorIndex):
                     b.done_runs.add(rk)
                     b.done[s.task] = b.done.get(s.task, 0) + 1
             b.touched = time.monotonic()
+            self._changed.notify_all()
             return added
+
+    def wait_complete(
+        self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float, receipt: InsertReceipt | None = None
+    ) -> None:
+        """Block until every task has ``n_runs`` complete runs (woken by each insert, no polling).
+
+        In process only: an index served by a Ray actor answers one call at a time, so its
+        client (:class:`~orchestrator.anchors.remote.RemoteAnchorIndex`) polls instead.
+
+        Raises:
+            AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks).
+        """
+
+        def short() -> dict[str, int]:
+            b = self._batches.get(batch_key)
+            done = b.done if b is not None else {}
+            return {t: done.get(t, 0) for t in tasks if done.get(t, 0) < n_runs}
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: not short(), timeout=timeout_s):
+                raise _incomplete(batch_key, short(), n_runs, timeout_s)
 
     def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         with self._lock:

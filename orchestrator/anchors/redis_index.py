@@ -12,13 +12,25 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.anchors.index import AnchorConflictError, AnchorIndex, AnchorIndexError, AnchorStep, _histogram, _validate
+from orchestrator.anchors.index import (
+    AnchorConflictError,
+    AnchorIndex,
+    AnchorIndexError,
+    AnchorStep,
+    InsertReceipt,
+    TrajectoryRecords,
+    _histogram,
+    _incomplete,
+    _validate,
+)
 
 _INSERT_LUA = (Path(__file__).with_name("insert.lua")).read_text()
 """The insert script (KEYS and ARGV documented in the file)."""
+_INSERT_RUNS_LUA = (Path(__file__).with_name("insert_runs.lua")).read_text()
+"""The whole-trajectory insert script (KEYS and ARGV documented in the file)."""
 
 
-_KINDS = ("meta", "steps", "groups", "runs", "done")
+_KINDS = ("meta", "steps", "groups", "runs", "done", "events")
 
 
 def _redact(url: str) -> str:
@@ -57,6 +69,17 @@ def _timed(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return timed
 
     return wrap
+
+
+def _subset(records: TrajectoryRecords, keep: np.ndarray) -> TrajectoryRecords:
+    """The records of the trajectories ``keep`` (indices), their anchor-group moments recomputed."""
+    from orchestrator.anchors.index import trajectory_records
+
+    tk, rn, st, sid, ret, _ = records.columns
+    run_of = {(t, r): k for k, (t, r) in enumerate(zip(records.run_task.tolist(), records.run_id.tolist()))}
+    wanted = set(keep.tolist())
+    rows = np.fromiter((run_of[(t, r)] in wanted for t, r in zip(tk.tolist(), rn.tolist())), dtype=bool, count=tk.size)
+    return trajectory_records(tk[rows], records.task_names, rn[rows], st[rows], sid[rows], records.state_names, ret[rows])
 
 
 def _field(task: str, *rest: Any) -> str:
@@ -115,6 +138,7 @@ class RedisAnchorIndex(AnchorIndex):
         self.guard = guard
         self._client: Any = None
         self._script: Any = None
+        self._runs_script: Any = None
         self._epochs: dict[str, str] = {}
 
     # -- plumbing
@@ -122,6 +146,7 @@ class RedisAnchorIndex(AnchorIndex):
         state = self.__dict__.copy()
         state["_client"] = None
         state["_script"] = None
+        state["_runs_script"] = None
         state["observe"] = None
         return state
 
@@ -141,6 +166,7 @@ class RedisAnchorIndex(AnchorIndex):
                 retry=Retry(NoBackoff(), 0),  # no silent retries of writes; reads retry below
             )
             self._script = self._client.register_script(_INSERT_LUA)
+            self._runs_script = self._client.register_script(_INSERT_RUNS_LUA)
         return self._client
 
     @_timed("ping")
@@ -270,7 +296,7 @@ class RedisAnchorIndex(AnchorIndex):
                     for s in chunk
                 )
                 argv = [ttl_ms, self._epochs.get(batch_key, ""), new_epoch, records]
-                self._script(keys=keys, args=argv, client=pipe)
+                self._script(keys=keys[:5], args=argv, client=pipe)
             pipe.sadd(self._registry(), batch_key)
             pipe.pexpire(self._registry(), ttl_ms)
             results = pipe.execute(raise_on_error=False)
@@ -298,6 +324,124 @@ class RedisAnchorIndex(AnchorIndex):
             epoch = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
             self._epochs.setdefault(batch_key, epoch)
         return added
+
+    @_timed("insert")
+    def insert_trajectories(self, batch_key: str, records: TrajectoryRecords) -> InsertReceipt:
+        """Record whole trajectories in one atomic Lua call (``insert_runs.lua``): one record per
+        trajectory (task, run, length, 64-bit digest of its steps) and one per anchor group
+        (the call's moments, merged into the stored ones), instead of one per step; the same
+        statistics as :meth:`insert` of the steps, to float rounding (~1e-16 relative).
+
+        A trajectory already stored with the same digest is a no-op, with another digest a
+        conflict. When a call mixes stored and new trajectories, the script writes nothing and
+        names the new ones, which are resent (their moments recomputed) in a second call.
+
+        Returns:
+            :class:`InsertReceipt`: new trajectories, the complete runs of the call's tasks
+            after the write, and the batch's event-stream id for :meth:`wait_complete`.
+        Raises:
+            AnchorConflictError: a trajectory stored with other steps, or stored step by step.
+            AnchorIndexError: Redis failure or lost batch state (the write is not retried; it is
+                idempotent, so the caller may retry it).
+        """
+        import redis
+
+        self._check_guard(batch_key, "insert")
+        keys = self._keys(batch_key)
+        names, states = records.task_names, records.state_names
+        call_tasks = [names[t] for t in np.unique(records.run_task).tolist()]
+        subset = None
+        for _ in range(3):
+            recs = records if subset is None else _subset(records, subset)
+            runs = "\x1e".join(
+                f"{names[t]}\x1f{r}\x1f{n}\x1f{d:016x}"
+                for t, r, n, d in zip(recs.run_task.tolist(), recs.run_id.tolist(), recs.run_length.tolist(), recs.run_digest.tolist())
+            )
+            m = recs.moments
+            groups = "\x1e".join(
+                f"{names[t]}\x1f{states[h]}\x1f{int(n)}\x1f{c!r}\x1f{a!r}\x1f{b!r}"
+                for t, h, n, c, a, b in zip(
+                    recs.group_task.tolist(), recs.group_state.tolist(), m[:, 0].tolist(), m[:, 1].tolist(),
+                    m[:, 2].tolist(), m[:, 3].tolist(),
+                )
+            )
+            argv = [str(int(self.ttl_s * 1000)), self._epochs.get(batch_key, ""), uuid.uuid4().hex, runs, groups,
+                    "\x1e".join(call_tasks)]
+            try:
+                pipe = self._conn().pipeline(transaction=False)
+                self._runs_script(keys=keys, args=argv, client=pipe)
+                pipe.sadd(self._registry(), batch_key)
+                pipe.pexpire(self._registry(), argv[0])
+                res = pipe.execute(raise_on_error=False)[0]
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._client = None
+                raise AnchorIndexError(
+                    f"{self._where()}: insert of {records.run_id.size} trajectories into batch {batch_key!r} failed: {exc} "
+                    f"(not retried; the insert is idempotent, so the caller may retry it)"
+                ) from exc
+            if isinstance(res, Exception):
+                msg = str(res)
+                if isinstance(res, (redis.ConnectionError, redis.TimeoutError)):
+                    self._client = None
+                if msg.startswith("PARTIAL") and subset is None:
+                    subset = np.array([int(i) for i in msg.split()[1].split(",")], dtype=np.int64)
+                    continue
+                if "CONFLICT" in msg:
+                    raise AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
+                if "EPOCH" in msg:
+                    raise AnchorIndexError(
+                        f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
+                        f"(server restarted without persistence, keys expired, or batch dropped)"
+                    )
+                raise AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
+            added, epoch, cursor, done = res
+            self._epochs.setdefault(batch_key, epoch.decode() if isinstance(epoch, bytes) else str(epoch))
+            cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+            return InsertReceipt(int(added), {t: int(v) for t, v in zip(call_tasks, done, strict=True)}, cursor)
+        raise AnchorIndexError(
+            f"{self._where()}: insert into batch {batch_key!r}: other writers kept storing these trajectories "
+            "concurrently; retry the call"
+        )
+
+    def wait_complete(
+        self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float, receipt: InsertReceipt | None = None
+    ) -> None:
+        """Block (``XREAD BLOCK`` on the batch's event stream, no polling) until every task has
+        ``n_runs`` complete runs in ``batch_key``.
+
+        :meth:`insert_trajectories` adds one event per task whose count grows, in the same
+        atomic script as the write; the wait starts from the caller's ``receipt`` (its counts
+        and stream id, read atomically with its own write), so no event can fall in between.
+        Without a receipt it reads the counts first and replays the stream from its start.
+
+        Raises:
+            AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks and
+                their counts), or Redis failure.
+        """
+        if receipt is not None:
+            done, cursor = dict(receipt.done), receipt.cursor or "0-0"
+        else:
+            done, cursor = self.completed_runs(batch_key), "0-0"
+        short = {t: done.get(t, 0) for t in tasks if done.get(t, 0) < n_runs}
+        events = self._keys(batch_key)[5]
+        deadline = time.monotonic() + timeout_s
+        while short:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _incomplete(batch_key, short, n_runs, timeout_s)
+            block_ms = max(1, int(min(left, 0.8 * self.socket_timeout) * 1000))  # below the socket timeout
+            reply = self._read(
+                f"wait for complete groups of batch {batch_key!r}",
+                lambda c, cur=cursor, ms=block_ms: c.xread({events: cur}, count=10_000, block=ms),
+            )
+            for _, entries in reply or []:
+                for eid, fields in entries:
+                    cursor = eid.decode() if isinstance(eid, bytes) else str(eid)
+                    task = fields[b"t"].decode()
+                    if task in short:
+                        short[task] = int(fields[b"d"])
+                        if short[task] >= n_runs:
+                            del short[task]
 
     def epoch(self, batch_key: str) -> str | None:
         """The batch's epoch token (None when it does not exist)."""
@@ -374,15 +518,16 @@ class RedisAnchorIndex(AnchorIndex):
                 pipe.exists(keys[0])
                 pipe.hlen(keys[1])
                 pipe.hvals(keys[2])
+                pipe.hget(keys[0], "run_steps")  # steps stored as whole trajectories
             res = pipe.execute()
             live, entries, sizes, gone = 0, 0, [], []
             for i, b in enumerate(batches):
-                exists, n_steps, vals = res[3 * i : 3 * i + 3]
+                exists, n_steps, vals, run_steps = res[4 * i : 4 * i + 4]
                 if not exists:
                     gone.append(b)
                     continue
                 live += 1
-                entries += int(n_steps)
+                entries += int(n_steps) + int(run_steps or 0)
                 sizes += [int(v.split()[0]) for v in vals]
             if gone:
                 c.srem(self._registry(), *gone)
@@ -404,14 +549,15 @@ class RedisAnchorIndex(AnchorIndex):
         try:
             pipe = self._conn().pipeline(transaction=True)
             pipe.hlen(keys[1])
+            pipe.hget(keys[0], "run_steps")
             pipe.delete(*keys)
             pipe.srem(self._registry(), batch_key)
-            n_steps = pipe.execute()[0]
+            n_steps, run_steps = pipe.execute()[:2]
         except redis.RedisError as exc:
             self._client = None
             raise AnchorIndexError(f"{self._where()}: drop of batch {batch_key!r} failed: {exc}") from exc
         self._epochs.pop(batch_key, None)
-        return int(n_steps)
+        return int(n_steps) + int(run_steps or 0)
 
     def close(self) -> None:
         if self._client is not None:

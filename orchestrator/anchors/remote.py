@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from orchestrator.anchors.index import poll_complete
 from orchestrator.anchors.memory import MemoryAnchorIndex
 
 __all__ = ["MemoryIndexActor", "RemoteAnchorIndex", "serve_memory_index"]
@@ -39,6 +40,11 @@ class RemoteAnchorIndex:
             raise AttributeError(name)
         method = getattr(self._handle, name)
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+
+    def wait_complete(self, batch_key: str, tasks: Any, n_runs: int, timeout_s: float, receipt: Any = None) -> None:
+        """Poll the actor (:func:`~orchestrator.anchors.index.poll_complete`): a blocking wait
+        inside it would hold up the inserts that complete the groups (it answers one call at a time)."""
+        poll_complete(self, batch_key, tasks, n_runs, timeout_s)
 
     def __repr__(self) -> str:
         return f"RemoteAnchorIndex({self._handle!r})"

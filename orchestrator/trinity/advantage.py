@@ -10,8 +10,12 @@ tensor operations for the whole batch, not one multiply and one copy per experie
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
+import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +27,16 @@ from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
 from algos.dapo import InvalidGroupError
-from algos.gigpo import GiGPOAdvantages, GiGPOConfig, InvalidStepError, discounted_returns, encode_keys, gigpo_advantages
-from orchestrator.anchors.index import AnchorIndex, AnchorIndexError, AnchorStep
+from algos.gigpo import (
+    GiGPOAdvantages,
+    GiGPOConfig,
+    InvalidStepError,
+    discounted_returns,
+    encode_keys,
+    gigpo_advantages,
+    gigpo_advantages_coded,
+)
+from orchestrator.anchors.index import AnchorIndex, trajectory_records
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
@@ -41,13 +53,16 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any) -> None:
     """Set ``advantages = A * action_mask`` and ``returns`` (an equal copy) on every experience.
 
     The result is bit for bit the per-experience ``action_mask.to(float32) * A`` then
-    ``.clone()`` of Trinity's ``gigpo`` / ``grpo`` write-back (A rounded to float32, a 0 mask
-    entry gives a signed zero), done as one concatenation of the masks, one repeat of the
-    scalars over the tokens, one multiply and one copy for the whole batch. Each experience
-    then gets a slice of the two flat arrays, wrapped without copying: the slices do not
-    overlap, and each is its own storage for torch (pickling or serialising one experience
-    writes only its own tokens). An experience without ``action_mask`` gets a 0-dim
-    ``tensor(A, float32)``, as in Trinity.
+    ``.clone()`` of Trinity's ``gigpo`` / ``grpo`` write-back (``GiGPOAdvantageFn._apply_mask``:
+    A rounded to float32, a 0 mask entry gives a signed zero), done for the whole batch as one
+    concatenation of the masks (one ``torch.stack`` into (N, T) when they have equal lengths,
+    else one ``torch.cat``), one multiply (a broadcast over the rows, else with the scalars
+    repeated over the tokens) and one copy. The two arrays are then split into per-experience
+    views (their rows, or slices at the mask boundaries), each wrapped without copying by
+    ``torch.from_numpy`` and assigned with ``setattr`` in C-level ``map`` passes. The views do
+    not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
+    Trinity's ``Experience.serialize_many`` sees distinct storages and clones nothing). An
+    experience without ``action_mask`` gets a 0-dim ``tensor(A, float32)``, as in Trinity.
 
     Args:
         exps: N experiences; ``action_mask`` (T_i,) bool / int / float on the CPU, or None.
@@ -58,9 +73,9 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any) -> None:
     a = np.asarray(scalars, dtype=np.float32).reshape(-1)
     if a.shape[0] != len(exps):
         raise ValueError(f"scalars: {a.shape[0]} values for {len(exps)} experiences")
-    masks = [e.action_mask for e in exps]
-    with_mask = [i for i, m in enumerate(masks) if m is not None]
-    if len(with_mask) < len(exps):
+    masks = list(map(_ACTION_MASK, exps))
+    if any(map(operator.is_, masks, itertools.repeat(None))):
+        with_mask = [i for i, m in enumerate(masks) if m is not None]
         for i in sorted(set(range(len(exps))) - set(with_mask)):
             exps[i].advantages = torch.tensor(float(a[i]), dtype=torch.float32)
             exps[i].returns = exps[i].advantages.clone()
@@ -69,23 +84,53 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any) -> None:
         a = a[with_mask]
     if not exps:
         return
-    lengths = np.fromiter((m.shape[0] for m in masks), dtype=np.int64, count=len(masks))
-    adv = torch.cat(masks).to(torch.float32).numpy() * np.repeat(a, lengths)
-    ret = adv.copy()
-    ends = np.cumsum(lengths)
-    wrap = torch.from_numpy
-    for e, lo, hi in zip(exps, (ends - lengths).tolist(), ends.tolist()):
-        e.advantages = wrap(adv[lo:hi])
-        e.returns = wrap(ret[lo:hi])
+    try:  # equal lengths (the usual case): one (N, T) stack, and the rows are the views
+        flat = torch.stack(masks)
+    except RuntimeError:  # ragged masks: one flat concatenation, sliced at the mask boundaries
+        flat = None
+    if flat is not None and flat.ndim == 2 and flat.shape[1] > 0:
+        adv = flat.to(torch.float32).numpy() * a[:, None]
+        ret = adv.copy()
+        adv_parts, ret_parts = map(torch.from_numpy, adv), map(torch.from_numpy, ret)
+    else:
+        lengths = np.fromiter(map(torch.Tensor.numel, masks), dtype=np.int64, count=len(masks))
+        adv = torch.cat(masks).reshape(-1).to(torch.float32).numpy() * np.repeat(a, lengths)
+        ret = adv.copy()
+        ends = np.cumsum(lengths)
+        cuts = list(map(slice, (ends - lengths).tolist(), ends.tolist()))
+        adv_parts = map(torch.from_numpy, map(adv.__getitem__, cuts))
+        ret_parts = map(torch.from_numpy, map(ret.__getitem__, cuts))
+    _consume(map(setattr, exps, itertools.repeat("advantages"), adv_parts))
+    _consume(map(setattr, exps, itertools.repeat("returns"), ret_parts))
+
+
+_consume = collections.deque(maxlen=0).extend
+"""Run an iterator to its end in C (``deque(maxlen=0).extend``), keeping nothing."""
+
+
+_ACTION_MASK = operator.attrgetter("action_mask")
+_EID = operator.attrgetter("eid")
+_INFO = operator.attrgetter("info")
+_BATCH_TASK = operator.attrgetter("batch", "task")
+
+
+def _first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:
+    """(N,) int64 code of each hashable key, numbered in order of first appearance, and the
+    distinct keys in that order.
+
+    One C-level pass (``map(dict.setdefault, keys, range(N))`` gives each row the row of its
+    key's first appearance), then one integer ``np.unique`` to number those rows densely.
+    """
+    first: dict = {}
+    rows = np.array(list(map(first.setdefault, keys, range(len(keys)))), dtype=np.int64)
+    code = np.unique(rows, return_inverse=True)[1].reshape(-1).astype(np.int64, copy=False)
+    return code, list(first)
 
 
 def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
     """(N,) int64: each experience's group, Trinity's ``eid.tid`` (explore step, task), numbered
     in order of first appearance (Trinity's ``group_by`` order)."""
-    codes: dict = {}
-    return np.fromiter(
-        (codes.setdefault((d.batch, d.task), len(codes)) for d in (e.eid for e in exps)), dtype=np.int64, count=len(exps)
-    )
+    return _first_appearance_codes(list(map(_BATCH_TASK, map(_EID, exps))))[0]
 
 
 # ---------------------------------------------------------------------------------- GRPO
@@ -212,9 +257,10 @@ class StepRows:
             bytes taken as their hex text); a step without a hash gets a code of its own.
         hashed: bool, the step has an ``env_state_hash``.
         invalid: bool, ``info[action_valid_key] is False``.
-        text: object, ``info[state_text_key]`` (None where absent).
+        text: object, ``info[state_text_key]`` (None where absent); None when not read.
         traj: int64 in [0, num_traj), the trajectory (group, run).
         state_names: the hash text of each code below ``len(state_names)`` (hashed states).
+        group_keys: the ``(eid.batch, eid.task)`` of each group code.
     """
 
     group: np.ndarray
@@ -224,9 +270,10 @@ class StepRows:
     state: np.ndarray
     hashed: np.ndarray
     invalid: np.ndarray
-    text: np.ndarray
+    text: np.ndarray | None
     traj: np.ndarray
     state_names: list[str]
+    group_keys: list[tuple[Any, Any]]
 
     def state_keys(self, solo: str = "\x00solo/{row}") -> np.ndarray:
         """(N,) object: each row's hash text, or ``solo`` formatted with its ``row`` when it has none."""
@@ -236,6 +283,10 @@ class StepRows:
         names[self.state[rows]] = [solo.format(row=i) for i in rows.tolist()]
         return names[self.state]
 
+    def group_names(self) -> list[str]:
+        """Trinity's ``eid.tid`` text (``"<batch>/<task>"``) of each group code."""
+        return [f"{b}/{t}" for b, t in self.group_keys]
+
     @classmethod
     def read(
         cls,
@@ -244,42 +295,61 @@ class StepRows:
         env_state_hash_key: str,
         action_valid_key: str = "is_action_valid",
         state_text_key: str = "env_state_text",
+        *,
+        texts: bool = True,
     ) -> StepRows:
-        """Read the rows off ``exps`` (one pass per field, no per-row objects).
+        """Read the rows off ``exps``: one C-level pass per field (``map`` over attribute and
+        item getters), keys factorised to integer codes through dicts, no per-row objects.
 
+        Args:
+            texts: also read ``info[state_text_key]`` (only similarity grouping needs it).
         Raises:
-            algos.gigpo.InvalidStepError: a state hash that is empty, or neither str nor bytes
-                (names row, group, run, step).
+            algos.gigpo.InvalidStepError: a state hash that is empty, or neither str nor bytes,
+                or a step reward that is not a number (names row, group, run, step).
         """
         n = len(exps)
-        eids = [e.eid for e in exps]
-        infos = [e.info or _NO_INFO for e in exps]
-        group = _group_codes(exps)
-        run = np.fromiter((d.run for d in eids), dtype=np.int64, count=n)
-        step = np.fromiter((d.step for d in eids), dtype=np.int64, count=n)
-        explicit = np.fromiter((step_reward_key in i for i in infos), dtype=bool, count=n)
-        reward = np.fromiter((i.get(step_reward_key, 0.0) for i in infos), dtype=np.float64, count=n)
-        traj, num_traj = encode_keys(group, run)
-        has_explicit = np.bincount(traj, weights=explicit, minlength=num_traj) > 0
-        last = np.full(num_traj, -1, dtype=np.int64)
-        np.maximum.at(last, traj, step)
-        terminal = np.flatnonzero(~has_explicit[traj] & (step == last[traj]))
-        if terminal.size:
-            reward[terminal] = [0.0 if (x := exps[i].reward) is None else float(x) for i in terminal.tolist()]
-        hashes = [i.get(env_state_hash_key) for i in infos]
-        seen: dict = {}
+        eids = list(map(_EID, exps))
+        infos = list(map(_INFO, exps))
+        if not all(infos):  # None or {}: read as an empty info
+            infos = [i or _NO_INFO for i in infos]
+        batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
+        if n and batches.count(batches[0]) == n:  # one explore step (the usual case): groups are tasks
+            group, uniq_tasks = _first_appearance_codes(tasks)
+            group_keys = [(batches[0], t) for t in uniq_tasks]
+        else:
+            group, group_keys = _first_appearance_codes(list(zip(batches, tasks)))
+        run = np.array(runs, dtype=np.int64)
+        step = np.array(steps, dtype=np.int64)
+
+        def where(i: int) -> str:
+            return f"row {i} (group {eids[i].tid!r}, run {int(run[i])}, step {int(step[i])})"
+
+        values, explicit = _info_column(infos, step_reward_key, 0.0)
         try:
-            raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
+            reward = np.fromiter(values, dtype=np.float64, count=n)
+        except (TypeError, ValueError):
+            i = next(k for k, x in enumerate(values) if not _is_number(x))
+            raise InvalidStepError(f"info[{step_reward_key!r}]: {values[i]!r} at {where(i)} is not a number") from None
+        traj, num_traj = encode_keys(group, run)
+        if explicit is not None:  # some steps have no step reward
+            has_explicit = np.bincount(traj, weights=explicit, minlength=num_traj) > 0
+            last = np.full(num_traj, -1, dtype=np.int64)
+            np.maximum.at(last, traj, step)
+            terminal = np.flatnonzero(~has_explicit[traj] & (step == last[traj]))
+            if terminal.size:
+                reward[terminal] = [0.0 if (x := exps[i].reward) is None else float(x) for i in terminal.tolist()]
+        hashes, _ = _info_column(infos, env_state_hash_key, None)
+        try:
+            raw, uniq = _first_appearance_codes(hashes)
         except TypeError:  # an unhashable value (bytearray, list): make it hashable, refuse it below
-            seen = {}
             hashes = [
                 bytes(h) if isinstance(h, bytearray) else h if h is None or isinstance(h, (str, bytes)) else ("unhashable", k)
                 for k, h in enumerate(hashes)
             ]
-            raw = np.fromiter((seen.setdefault(h, len(seen)) for h in hashes), dtype=np.int64, count=n)
+            raw, uniq = _first_appearance_codes(hashes)
         names: dict[str, int] = {}
-        remap = np.empty(len(seen), dtype=np.int64)
-        for h, code in seen.items():
+        remap = np.empty(len(uniq), dtype=np.int64)
+        for code, h in enumerate(uniq):
             if h is None:
                 remap[code] = -1
                 continue
@@ -289,18 +359,46 @@ class StepRows:
                 i = int(np.flatnonzero(raw == code)[0])
                 what = "empty" if h == "" else f"expected str or bytes, got {type(infos[i].get(env_state_hash_key)).__name__}"
                 raise InvalidStepError(
-                    f"info[{env_state_hash_key!r}]: {what} at row {i} (group {exps[i].eid.tid!r}, run {int(run[i])}, "
-                    f"step {int(step[i])}); hash structured observations with orchestrator.anchors.keys.state_hash "
-                    "(never str())"
+                    f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
+                    "orchestrator.anchors.keys.state_hash (never str())"
                 )
             remap[code] = names.setdefault(h, len(names))
         state = remap[raw]
         hashed = state >= 0
         solo = np.flatnonzero(~hashed)
         state[solo] = len(names) + np.arange(solo.size)
-        invalid = np.fromiter((i.get(action_valid_key, True) is False for i in infos), dtype=bool, count=n)
-        text = np.array([i.get(state_text_key) for i in infos], dtype=object)
-        return cls(group, run, step, reward, state, hashed, invalid, text, traj, list(names))
+        if any(map(operator.contains, infos, itertools.repeat(action_valid_key))):
+            valid, _ = _info_column(infos, action_valid_key, None)
+            invalid = np.fromiter(map(operator.is_, valid, itertools.repeat(False)), dtype=bool, count=n)
+        else:  # no step says anything about validity (the usual case)
+            invalid = np.zeros(n, dtype=bool)
+        text = np.array(_info_column(infos, state_text_key, None)[0], dtype=object) if texts else None
+        return cls(group, run, step, reward, state, hashed, invalid, text, traj, list(names), group_keys)
+
+
+_EID_FIELDS = tuple(map(operator.attrgetter, ("batch", "task", "run", "step")))
+
+
+def _info_column(infos: list[dict], key: str, default: Any) -> tuple[list, np.ndarray | None]:
+    """``info[key]`` of every step in one C-level pass, and where the key is present.
+
+    Returns:
+        the (N,) values (``default`` where absent), and None when every info has the key,
+        else (N,) bool: the key is present.
+    """
+    try:
+        return list(map(operator.itemgetter(key), infos)), None
+    except KeyError:  # some steps lack it: a second pass with the default
+        present = np.fromiter(map(operator.contains, infos, itertools.repeat(key)), dtype=bool, count=len(infos))
+        return list(map(operator.methodcaller("get", key, default), infos)), present
+
+
+def _is_number(x: Any) -> bool:
+    try:
+        float(x)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------- GiGPO
@@ -421,27 +519,32 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """Per-step rows of a batch, one per experience, in the batch's order (one pass per field).
 
         A trajectory without any explicit step reward takes its last step's ``reward`` (0 when
-        None) as a terminal reward, other steps 0 (Trinity's ``gigpo`` convention).
+        None) as a terminal reward, other steps 0 (Trinity's ``gigpo`` convention). State texts
+        are read only when similarity grouping needs them.
         """
-        return StepRows.read(exps, self.step_reward_key, self.env_state_hash_key, self.action_valid_key, self.state_text_key)
+        return StepRows.read(
+            exps, self.step_reward_key, self.env_state_hash_key, self.action_valid_key, self.state_text_key,
+            texts=self.config.similarity_threshold is not None,
+        )
 
     def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
         """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
         return self._compute(exps, self.rows(exps))
 
     def _compute(self, exps: list[TrinityExperience], r: StepRows) -> GiGPOAdvantages:
-        texts = None
-        if self.config.similarity_threshold is not None:
-            missing = [k for k, t in enumerate(r.text) if not isinstance(t, str)]
-            if missing:
-                k = missing[0]
-                raise InvalidStepError(
-                    f"info[{self.state_text_key!r}]: similarity_threshold is set but row {k} (group {exps[k].eid.tid!r}) "
-                    "has no state text"
-                )
-            texts = list(r.text)
+        if self.config.similarity_threshold is None:  # integer keys all the way (the usual case)
+            return gigpo_advantages_coded(
+                r.group, r.run, r.step, r.reward, r.state, config=self.config, invalid=r.invalid, group_names=r.group_names()
+            )
+        missing = [k for k, t in enumerate(r.text) if not isinstance(t, str)]
+        if missing:
+            k = missing[0]
+            raise InvalidStepError(
+                f"info[{self.state_text_key!r}]: similarity_threshold is set but row {k} (group {exps[k].eid.tid!r}) "
+                "has no state text"
+            )
         return gigpo_advantages(
-            r.group, r.run, r.step, r.reward, r.state_keys(), config=self.config, invalid=r.invalid, state_texts=texts
+            r.group, r.run, r.step, r.reward, r.state_keys(), config=self.config, invalid=r.invalid, state_texts=list(r.text)
         )
 
     def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
@@ -502,25 +605,28 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
        terminal ``reward``, anchor state ``info[env_state_hash_key]``); only what the index
        cannot hold is computed here: the discounted returns R_t (Eq. 5, which also validates
        the steps) and each trajectory's total reward;
-    2. every step is written to the index under batch key ``trinity-<eid.batch>`` as an
-       :class:`~orchestrator.anchors.index.AnchorStep` (task = ``eid.tid``, run = ``eid.run``,
-       ``last`` = the trajectory's last step in the call); every trajectory's total reward is
-       written once under ``trinity-<eid.batch>:episode`` (state ``"episode"``), so that the
-       episode groups (Eq. 3, each trajectory counted once) are shared too. A step without a
-       state hash gets a state of its own (A_S = 0, as in ``dso_gigpo``);
-    3. with ``group_size`` set, groups that the call holds whole (``group_size``
-       trajectories) are queried at once; only groups split over calls or workers are waited
-       for (up to ``wait_timeout_s``) until the index holds ``group_size`` complete
-       trajectories of each - written by this or any other advantage worker. A_S per (group,
-       state) and A_E per group then come from the index's moments
-       (:meth:`AnchorIndex.step_advantages`, ``n_runs=group_size``, which refuses an
-       incomplete group);
+    2. the call's trajectories are written to the index under batch key ``trinity-<eid.batch>``
+       as whole trajectories (:meth:`AnchorIndex.insert_trajectories`: task = ``eid.tid``,
+       run = ``eid.run``, steps 0..L-1; one record per trajectory and one per anchor group, the
+       group moments prepared here in numpy), then every trajectory's total reward under
+       ``trinity-<eid.batch>:episode`` (state ``"episode"``), so that the episode groups (Eq.
+       3, each trajectory counted once) are shared too. A step without a state hash gets a
+       state of its own (A_S = 0, as in ``dso_gigpo``);
+    3. the episode insert reports, atomically with its write, each group's complete
+       trajectories: with ``group_size`` set, groups the call holds whole are queried at once,
+       and only groups split over calls or workers are waited for (up to ``wait_timeout_s``)
+       until the index holds ``group_size`` complete trajectories of each - written by this or
+       any other advantage worker. The wait blocks (Redis: on the batch's event stream; an
+       in-process memory index: on its condition), except through an index served by a Ray
+       actor, which is polled. A_S per (group, state) and A_E per group then come from the
+       index's moments (:meth:`AnchorIndex.group_step_advantages`, one read of each distinct
+       group, ``n_runs=group_size``, which refuses an incomplete group);
     4. ``A = A_E + omega * A_S`` is broadcast over ``action_mask`` as ``dso_gigpo`` does.
 
     When each call holds whole groups (Trinity's default), the numbers equal ``dso_gigpo``'s to
     ~1e-15 (one-pass moments vs. two-pass sums, both float64); when a group's trajectories are
     split over several workers or calls, each gets the statistics of the whole group, which a
-    per-batch computation cannot. A trajectory's steps must arrive in one call.
+    per-batch computation cannot. A trajectory's steps must arrive in one call, numbered from 0.
 
     Where the index is: ``redis_url`` (a :class:`RedisAnchorIndex` opened here), else the
     orchestrator actor ``actor_name`` in ``namespace`` (default: the caller's Ray namespace,
@@ -641,12 +747,16 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         """GiGPO advantages of a call's experiences from the shared index.
 
         Only what the index cannot hold is computed here: the discounted returns R_t (Eq. 5)
-        and each trajectory's total reward, from this call's steps. The anchor groups'
-        statistics (A_S, Eq. 6-7) and the episode groups' (A_E, Eq. 3) come from the index.
-        When every group of the call is whole (``group_size`` trajectories in the call, the
-        usual Trinity case), nothing waits: the query itself checks completeness. Only groups
-        split over calls or workers are waited for (polling the index's completed-run counts,
-        with back-off, up to ``wait_timeout_s``).
+        and each trajectory's total reward, from this call's steps; the write itself is
+        prepared in numpy (one record per trajectory and per anchor group, see
+        :func:`orchestrator.anchors.index.trajectory_records`). The anchor groups' statistics
+        (A_S, Eq. 6-7) and the episode groups' (A_E, Eq. 3) come from the index, read once per
+        distinct group. The insert reports, atomically with the write, how many complete
+        trajectories each group now has, so groups the call holds whole (the usual Trinity
+        case) are queried at once; only groups split over calls or workers are waited for, by
+        :meth:`AnchorIndex.wait_complete` (Redis: blocking on the batch's event stream; an
+        in-process memory index: woken by each insert; an index behind a Ray actor: polled),
+        up to ``wait_timeout_s``.
 
         Returns:
             ``advantages``, ``episode`` (A_E), ``step`` (A_S), each (N,) float64 in the call's order.
@@ -666,83 +776,58 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         num_traj = int(r.traj.max()) + 1
         order = np.lexsort((ep_reward, r.traj))  # canonical summation order, as algos.gigpo
         totals = np.bincount(r.traj[order], weights=ep_reward[order], minlength=num_traj)
-        last = np.full(num_traj, -1, dtype=np.int64)
-        np.maximum.at(last, r.traj, r.step)
         first_row = np.full(num_traj, -1, dtype=np.int64)
         first_row[r.traj[::-1]] = np.arange(n)[::-1]
-        # names shared by every worker: group = eid.tid, batch key = trinity-<eid.batch>
-        num_groups = int(r.group.max()) + 1
-        group_row = np.full(num_groups, -1, dtype=np.int64)
-        group_row[r.group[::-1]] = np.arange(n)[::-1]
-        group_name = np.array([exps[i].eid.tid for i in group_row.tolist()], dtype=object)
-        group_batch = np.array([f"trinity-{exps[i].eid.batch}" for i in group_row.tolist()], dtype=object)
-        tasks = group_name[r.group]
-        states = r.state_keys()
-        solo = np.flatnonzero(~r.hashed)
-        states[solo] = [f"dso-solo:{exps[i].eid.rid}:{int(r.step[i])}" for i in solo.tolist()]
-        versions = np.fromiter(
-            (int((e.info or _NO_INFO).get("model_version", 0) or 0) for e in exps), dtype=np.int64, count=n
-        )
-        traj_group = r.group[first_row]
-        runs_per_group = np.bincount(traj_group, minlength=num_groups)
+        traj_group, traj_run = r.group[first_row], r.run[first_row]
+        # names shared by every worker: group = eid.tid, batch key = trinity-<eid.batch>, state = hash text
+        group_name = r.group_names()
+        group_batch = np.array([f"trinity-{b}" for b, _ in r.group_keys], dtype=object)
+        solo = np.flatnonzero(~r.hashed)  # their codes follow the hashed ones, in row order
+        state_name = r.state_names + [f"dso-solo:{exps[i].eid.rid}:{int(r.step[i])}" for i in solo.tolist()]
+        runs_per_group = np.bincount(traj_group, minlength=len(group_name))
         index = self.index()
         episode = np.full(n, np.nan)
         step = np.full(n, np.nan)
+        n_runs = self.group_size
         for bk in sorted(set(group_batch.tolist())):
             in_batch = group_batch == bk
             rows = np.flatnonzero(in_batch[r.group])
             trajs = np.flatnonzero(in_batch[traj_group])
             if self._actor is not None:
-                version = int(versions[rows].max())
+                version = max(int((exps[i].info or _NO_INFO).get("model_version", 0) or 0) for i in rows.tolist())
                 ray.get(self._actor.anchor_register.remote(bk, version))
                 ray.get(self._actor.anchor_register.remote(bk + EPISODE_SUFFIX, version))
-            index.insert(bk, [
-                AnchorStep(t, u, s, h, x, last=lst)
-                for t, u, s, h, x, lst in zip(
-                    tasks[rows].tolist(), r.run[rows].tolist(), r.step[rows].tolist(), states[rows].tolist(),
-                    returns[rows].tolist(), (r.step[rows] == last[r.traj[rows]]).tolist(),
-                )
-            ])
-            index.insert(bk + EPISODE_SUFFIX, [
-                AnchorStep(t, u, 0, EPISODE_STATE, x, last=True)
-                for t, u, x in zip(tasks[first_row[trajs]].tolist(), r.run[first_row[trajs]].tolist(), totals[trajs].tolist())
-            ])
-            n_runs = self.group_size
+            index.insert_trajectories(bk, trajectory_records(
+                r.group[rows], group_name, r.run[rows], r.step[rows], r.state[rows], state_name, returns[rows]
+            ))
+            # the episode returns after the steps: a complete episode group implies complete steps
+            zeros = np.zeros(trajs.size, dtype=np.int64)
+            receipt = index.insert_trajectories(bk + EPISODE_SUFFIX, trajectory_records(
+                traj_group[trajs], group_name, traj_run[trajs], zeros, zeros, [EPISODE_STATE], totals[trajs]
+            ))
             if n_runs is not None:
                 groups = np.flatnonzero(in_batch)
-                split = groups[runs_per_group[groups] != n_runs]
-                if split.size:
-                    self._wait_complete(index, bk, sorted(group_name[split].tolist()), n_runs)
-            step[rows] = index.step_advantages(
-                bk, tasks[rows], states[rows], returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs
+                split = [group_name[g] for g in groups[runs_per_group[groups] != n_runs].tolist()]
+                if any(receipt.done.get(g, 0) < n_runs for g in split):
+                    index.wait_complete(bk + EPISODE_SUFFIX, sorted(split), n_runs, self.wait_timeout_s, receipt=receipt)
+            gid, num = encode_keys(r.group[rows], r.state[rows])
+            first = np.full(num, -1, dtype=np.int64)
+            first[gid] = rows
+            keys = [(group_name[g], state_name[h]) for g, h in zip(r.group[first].tolist(), r.state[first].tolist())]
+            step[rows] = index.group_step_advantages(
+                bk, keys, gid, returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs
             )
-            a_e = index.step_advantages(
-                bk + EPISODE_SUFFIX, tasks[first_row[trajs]], [EPISODE_STATE] * trajs.size, totals[trajs],
+            egid, enum = encode_keys(traj_group[trajs])
+            efirst = np.full(enum, -1, dtype=np.int64)
+            efirst[egid] = traj_group[trajs]
+            a_e = index.group_step_advantages(
+                bk + EPISODE_SUFFIX, [(group_name[g], EPISODE_STATE) for g in efirst.tolist()], egid, totals[trajs],
                 norm=cfg.norm, eps=cfg.eps, n_runs=n_runs,
             )
             per_traj = np.full(num_traj, np.nan)
             per_traj[trajs] = a_e
             episode[rows] = per_traj[r.traj[rows]]
         return {"advantages": episode + cfg.omega * step, "episode": episode, "step": step}
-
-    def _wait_complete(self, index: AnchorIndex, batch_key: str, groups: list[str], n_runs: int) -> None:
-        """Poll (back-off 20 ms doubling to 0.5 s) until each group has ``n_runs`` complete
-        trajectories under ``batch_key`` and its episode key; raise after ``wait_timeout_s``."""
-        deadline = time.monotonic() + self.wait_timeout_s
-        delay = 0.02
-        while True:
-            done = index.completed_runs(batch_key)
-            ends = index.completed_runs(batch_key + EPISODE_SUFFIX)
-            short = {g: done.get(g, 0) for g in groups if done.get(g, 0) < n_runs or ends.get(g, 0) < n_runs}
-            if not short:
-                return
-            if time.monotonic() >= deadline:
-                raise AnchorIndexError(
-                    f"group_size: after {self.wait_timeout_s:.0f}s these groups of batch {batch_key!r} still have fewer "
-                    f"than {n_runs} complete trajectories in the anchor index: {dict(list(short.items())[:5])}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
     def process_sync(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         """Set ``advantages`` / ``returns`` ((T,) float32, A times ``action_mask``) on each experience.

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from algos.gigpo import GiGPOConfig, anchor_group_ids, gigpo_advantages, step_advantages
-from orchestrator.anchors.index import AnchorConflictError, AnchorIndexError, AnchorStep
+from orchestrator.anchors.index import AnchorConflictError, AnchorIndexError, AnchorStep, trajectory_records
 from orchestrator.anchors.memory import MemoryAnchorIndex
 from orchestrator.anchors.owner import make_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
@@ -309,3 +309,130 @@ def test_redis_non_ascii_and_separator_like_ids(redis_url, redis_namespace):
     idx.insert("b1", [AnchorStep("é|x", 0, 0, "y", 1.0, last=True), AnchorStep("é", 0, 0, "x|y", 0.0, last=True)])
     idx.insert("b1", [AnchorStep("é|x", 1, 0, "y", 0.0, last=True), AnchorStep("é", 1, 0, "x|y", 0.0, last=True)])
     np.testing.assert_array_equal(idx.step_advantages("b1", ["é|x", "é"], ["y", "x|y"], [1.0, 0.0], norm="none", n_runs=2), [0.5, 0.0])
+
+
+# --------------------------------------------------------------------------- whole trajectories
+
+
+def columns(steps):
+    """The integer-coded columns of AnchorSteps, for ``trajectory_records``."""
+    tasks = sorted({s.task for s in steps})
+    states = sorted({s.state_hash for s in steps})
+    t_code, h_code = {t: i for i, t in enumerate(tasks)}, {h: i for i, h in enumerate(states)}
+    return (
+        [t_code[s.task] for s in steps], tasks, [s.run for s in steps], [s.step for s in steps],
+        [h_code[s.state_hash] for s in steps], states, [s.ret for s in steps],
+    )
+
+
+def test_trajectory_records_hand_computed():
+    # task a: run 0 = steps (state x, R 3), (state y, R 1); run 1 = (x, 1). Group (a, x): returns 3, 1
+    # -> n 2, c 1, S1 = 2, S2 = 4; group (a, y): n 1, c 1, S1 = S2 = 0.
+    rec = trajectory_records([0, 0, 0], ["a"], [0, 1, 0], [1, 0, 0], [1, 0, 0], ["x", "y"], [1.0, 1.0, 3.0])
+    assert rec.run_id.tolist() == [0, 1] and rec.run_length.tolist() == [2, 1]
+    assert [rec.state_names[h] for h in rec.group_state.tolist()] == ["x", "y"]
+    np.testing.assert_array_equal(rec.moments, [[2, 1, 2, 4], [1, 1, 0, 0]])
+    assert rec.columns[5].tolist() == [True, True, False]  # the last step of each trajectory
+    # the digest depends on each step's state and return, not on row order
+    again = trajectory_records([0, 0, 0], ["a"], [0, 0, 1], [0, 1, 0], [0, 1, 0], ["x", "y"], [3.0, 1.0, 1.0])
+    assert again.run_digest.tolist() == rec.run_digest.tolist()
+    other = trajectory_records([0, 0, 0], ["a"], [0, 0, 1], [0, 1, 0], [0, 1, 0], ["x", "y"], [3.0, 1.5, 1.0])
+    assert other.run_digest.tolist()[0] != rec.run_digest.tolist()[0]
+    assert other.run_digest.tolist()[1] == rec.run_digest.tolist()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (([0, 0], ["a"], [0, 0], [0, 2], [0, 0], ["x"], [0.0, 0.0]), r"task 'a' run 0 step 2 \(row 1\): expected step 1"),
+        (([0, 0], ["a"], [3, 3], [0, 0], [0, 0], ["x"], [0.0, 1.0]), r"task 'a' run 3 step 0 .*duplicate"),
+        (([0], ["a"], [0], [1], [0], ["x"], [0.0]), r"expected step 0; a call must hold whole trajectories"),
+        (([0], ["a"], [0], [0], [0], ["x"], [float("inf")]), r"ret: non-finite value inf for task 'a' run 0 step 0"),
+        (([0], ["a\x1fb"], [0], [0], [0], ["x"], [0.0]), r"task: empty, not a str, or with a control character"),
+        (([0], ["a"], [0], [0], [1], ["x"], [0.0]), r"state_ids: code 1 at row 0 is not an index into its 1 names"),
+    ],
+)
+def test_trajectory_records_refuse_bad_input_naming_it(args, message):
+    with pytest.raises(ValueError, match=message):
+        trajectory_records(*args)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_whole_trajectories_give_the_per_step_statistics(backend, request):
+    if backend == "redis":
+        make = lambda: RedisAnchorIndex(request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_namespace"))  # noqa: E731
+    else:
+        shared = MemoryAnchorIndex()
+        make = lambda: shared  # noqa: E731
+    steps, _ = make_batch(gamma=0.9, seed=3)
+    per_step, whole = make(), make()
+    per_step.insert("steps", steps)
+    rec = trajectory_records(*columns(steps))
+    receipt = whole.insert_trajectories("whole", rec)
+    assert receipt.added == 16 and receipt.done == {f"task-{t}": 4 for t in range(4)}
+    for norm in ("std", "none"):
+        a = query(per_step, "steps", steps, norm=norm, n_runs=4)
+        b = query(whole, "whole", steps, norm=norm, n_runs=4)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b, pure_step_advantages(steps, norm), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(whole.group_sizes("whole"), per_step.group_sizes("steps"))
+    assert whole.insert_trajectories("whole", rec).added == (0 if backend == "redis" else 16)  # identical: a no-op
+    np.testing.assert_array_equal(whole.group_sizes("whole"), per_step.group_sizes("steps"))
+
+
+def test_redis_whole_trajectories_in_two_calls_merge_moments(redis_url, redis_namespace):
+    # runs 0-1 then runs 2-3 of each task: the second call's moments are merged into the first's
+    steps, _ = make_batch(gamma=0.9, seed=4)
+    index = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    first = index.insert_trajectories("b", trajectory_records(*columns([s for s in steps if s.run < 2])))
+    assert first.done == {f"task-{t}": 2 for t in range(4)}
+    second = index.insert_trajectories("b", trajectory_records(*columns([s for s in steps if s.run >= 2])))
+    assert second.done == {f"task-{t}": 4 for t in range(4)} and second.cursor != first.cursor
+    np.testing.assert_allclose(query(index, "b", steps, n_runs=4), pure_step_advantages(steps, "std"), rtol=0, atol=1e-9)
+    assert index.stats()["entries"] == len(steps)
+    assert index.drop("b") == len(steps)
+
+
+def test_redis_a_call_mixing_stored_and_new_trajectories_writes_only_the_new(redis_url, redis_namespace):
+    steps, _ = make_batch(gamma=0.9, seed=5)
+    index = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    index.insert_trajectories("b", trajectory_records(*columns([s for s in steps if s.run == 0])))
+    receipt = index.insert_trajectories("b", trajectory_records(*columns(steps)))  # run 0 again, runs 1-3 new
+    assert receipt.added == 12 and receipt.done == {f"task-{t}": 4 for t in range(4)}
+    np.testing.assert_allclose(query(index, "b", steps, n_runs=4), pure_step_advantages(steps, "std"), rtol=0, atol=1e-9)
+
+
+def test_redis_a_trajectory_stored_with_other_steps_is_refused(redis_url, redis_namespace):
+    steps, _ = make_batch(seed=6)
+    index = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    index.insert_trajectories("b", trajectory_records(*columns(steps)))
+    changed = [AnchorStep(s.task, s.run, s.step, s.state_hash, s.ret + (s.run == 1 and s.step == 0), s.last) for s in steps]
+    with pytest.raises(AnchorConflictError, match=r"trajectory 6:task-0\|1 already stored as"):
+        index.insert_trajectories("b", trajectory_records(*columns(changed)))
+    with pytest.raises(AnchorConflictError, match=r"run 6:task-0\|0 was stored whole"):
+        index.insert("b", [steps[0]])
+    other = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    other.insert("c", steps)
+    with pytest.raises(AnchorConflictError, match="written one by one"):
+        other.insert_trajectories("c", trajectory_records(*columns(steps)))
+
+
+def test_redis_wait_complete_blocks_until_the_event_and_times_out_naming_groups(redis_url, redis_namespace):
+    import threading
+    import time
+
+    steps, _ = make_batch(seed=7)
+    index = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    receipt = index.insert_trajectories("b", trajectory_records(*columns([s for s in steps if s.run < 3])))
+    t0 = time.monotonic()
+    with pytest.raises(AnchorIndexError, match=r"fewer than 4 complete trajectories.*'task-0': 3"):
+        index.wait_complete("b", ["task-0", "task-1"], 4, 0.3, receipt=receipt)
+    assert time.monotonic() - t0 >= 0.3
+    writer = RedisAnchorIndex(redis_url, prefix=redis_namespace)
+    timer = threading.Timer(0.2, writer.insert_trajectories, ("b", trajectory_records(*columns([s for s in steps if s.run == 3]))))
+    timer.start()
+    t0 = time.monotonic()
+    index.wait_complete("b", ["task-0", "task-1"], 4, 20.0, receipt=receipt)
+    assert 0.15 <= time.monotonic() - t0 < 5.0
+    timer.join()
+    index.wait_complete("b", ["task-0"], 4, 0.0)  # without a receipt: reads the counts

@@ -163,6 +163,22 @@ def test_write_back_spreads_each_scalar_over_its_mask():
     assert exps[0].advantages.dtype == torch.float32
 
 
+def test_write_back_of_equal_length_masks_is_bit_for_bit_the_per_experience_one():
+    # equal lengths take the (N, T) path; negative scalars on 0 mask entries give -0.0 there too
+    rng = np.random.default_rng(4)
+    exps = [texp(0, 0, r, response=6, mask=rng.integers(0, 2, 6).astype(bool).tolist()) for r in range(40)]
+    exps[3].action_mask = torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.int64)
+    ref = copy.deepcopy(exps)
+    scalars = rng.normal(size=40)
+    write_token_advantages(exps, scalars)
+    previous_write_back(ref, scalars)
+    for a, b in zip(exps, ref):
+        assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
+        assert torch.equal(torch.signbit(a.advantages), torch.signbit(b.advantages))
+        assert a.advantages.dtype == torch.float32 and a.advantages.shape == (6,)
+    assert exps[3].advantages.tolist() == pytest.approx([scalars[3], 0.0, scalars[3], scalars[3], 0.0, scalars[3]])
+
+
 def test_write_back_without_a_mask_gives_a_scalar_tensor():
     e = texp(0, 0, 0)
     e.action_mask = None

