@@ -102,6 +102,19 @@ class Group:
     valid: np.ndarray | None = None
     versions: np.ndarray | None = None
 
+    def __reduce__(self) -> tuple:
+        # a flat tuple with the columns as bytes: pickles several times faster than the
+        # dataclass with its arrays (the state store and Ray pickle every held / released group)
+        cols = tuple(None if c is None else (c.dtype.str, c.tobytes()) for c in (self.rewards, self.values, self.valid, self.versions))
+        fields = (self.task_id, self.rollouts, self.model_version, self.purpose, self.round, self.reason, self.padding,
+                  self.key, self.ref, self.size)
+        return _unpickle_group, (fields, cols)
+
+
+def _unpickle_group(fields: tuple, cols: tuple) -> Group:
+    """:meth:`Group.__reduce__` undone (columns come back read-only: the core replaces, never edits, them)."""
+    return Group(*fields, *(None if c is None else np.frombuffer(c[1], dtype=c[0]) for c in cols))
+
 
 @dataclass
 class GroupTable:
@@ -151,6 +164,12 @@ class GroupTable:
             if col.shape != shape or not np.issubdtype(col.dtype, kind):
                 raise InvalidGroupError(f"{name}: expected {shape} {kind.__name__}, got {col.dtype} {col.shape}")
             setattr(self, name, col)
+        # integer columns as int32 when that is lossless: a call of 256 groups of 16 then stays
+        # under Ray's 100 KiB inline-argument limit (larger arguments go through the object store)
+        for name in ("runs", "versions"):
+            col = getattr(self, name)
+            if col.dtype != np.int32 and (col.size == 0 or (col.min() >= -(2**31) and col.max() < 2**31)):
+                setattr(self, name, col.astype(np.int32))
         for name, col in self.metrics.items():
             col = np.asarray(col)
             if col.shape != shape or not np.issubdtype(col.dtype, np.floating):
