@@ -226,7 +226,12 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
         code = _dense_ids(c)
         radix = int(code.max()) + 1 if code.size else 1
         top = int(ids.max()) + 1 if ids.size else 1
-        if top * radix < 2**62:  # mixed radix keeps lexicographic order; int sort is fast
+        if top * radix <= 4 * ids.size + 1024:  # small key space: rank by a presence table, no sort
+            combined = ids * radix + code
+            present = np.zeros(top * radix, dtype=bool)
+            present[combined] = True
+            ids = (np.cumsum(present) - 1)[combined]
+        elif top * radix < 2**62:  # mixed radix keeps lexicographic order; int sort is fast
             ids = np.unique(ids * radix + code, return_inverse=True)[1].reshape(-1).astype(np.int64)
         else:
             ids = np.unique(np.stack([ids, code], axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)

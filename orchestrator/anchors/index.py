@@ -123,11 +123,38 @@ class InsertReceipt:
         done: complete runs of each task of the call, read in the same atomic step as the write.
         cursor: backend position of that reading, for :meth:`AnchorIndex.wait_complete`
             (the Redis event-stream id; None for the memory index).
+        moments: (G, 4) ``[n, c, S1, S2]`` stored for each anchor group of the call (in the
+            order of its :class:`TrajectoryRecords`), read after the write in one consistent
+            reading with ``done`` (Redis: in the same script); None when the backend did not
+            return them. For a group complete at that
+            moment they are its final statistics (:meth:`InsertReceipt.step_advantages`).
     """
 
     added: int
     done: dict[str, int]
     cursor: Any = None
+    moments: np.ndarray | None = None
+
+    def step_advantages(
+        self, group_of_row: Any, returns: Any, *, norm: Norm = "std", eps: float = 1e-6, n_runs: int | None = None
+    ) -> np.ndarray | None:
+        """A^S (GiGPO Eq. 7) of the call's rows from the moments the insert returned, with the
+        checks of :meth:`AnchorIndex.group_step_advantages`; None when they cannot be used (no
+        moments, or with ``n_runs`` some task of the call not complete at the write: query then).
+
+        Args:
+            group_of_row: (Q,) int, each row's anchor group as coded in the call's records
+                (``encode_keys(task_ids, state_ids)``).
+            returns: (Q,) float, each row's R_t.
+        Raises:
+            AnchorIndexError: a group missing from the index (its batch state was lost).
+        """
+        if self.moments is None or (n_runs is not None and any(v != n_runs for v in self.done.values())):
+            return None
+        if np.isnan(self.moments[:, 0]).any():
+            raise AnchorIndexError(f"{int(np.isnan(self.moments[:, 0]).sum())} anchor groups of the call are not in the index")
+        m = self.moments[np.asarray(group_of_row, dtype=np.int64)]
+        return normalise_from_moments(returns, m[:, 0], m[:, 1], m[:, 2], m[:, 3], norm=norm, eps=eps)
 
 
 @dataclass(frozen=True)
@@ -376,7 +403,11 @@ class AnchorIndex(ABC):
         ])
         added = int(records.run_id.size)  # (the per-step insert does not say which trajectories were new)
         tasks = [names[t] for t in np.unique(records.run_task).tolist()]
-        return InsertReceipt(added, self._moments(batch_key, [], tasks)[1] if tasks else {})
+        if not tasks:
+            return InsertReceipt(added, {})
+        keys = [(names[t], states[h]) for t, h in zip(records.group_task.tolist(), records.group_state.tolist())]
+        moments, done = self._moments(batch_key, keys, tasks)  # one consistent reading, after the write
+        return InsertReceipt(added, done, None, moments)
 
     def wait_complete(
         self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float, receipt: InsertReceipt | None = None

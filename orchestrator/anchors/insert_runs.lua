@@ -12,7 +12,8 @@
 -- re-basing as insert.lua's, S2 += 2*delta*S1 + n*delta^2, S1 += n*delta), then adding.
 -- Each task whose complete-run count grows gets one event ('t' task, 'd' count) on the events
 -- stream, which RedisAnchorIndex.wait_complete blocks on (XREAD BLOCK).
--- Returns {new trajectories, epoch, stream id after this call, {count of each task in ARGV[6]}};
+-- Returns {new trajectories, epoch, stream id after this call, {count of each task in ARGV[6]},
+-- the stored moments of each group of ARGV[5] after the call: one string 'n c S1 S2 n c S1 S2 ...'};
 -- errors: EPOCH, BADRECORD, CONFLICT, and PARTIAL <0-based indices of the new trajectories>
 -- when the call mixes stored and new trajectories (nothing written; the caller resends the new ones).
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
@@ -66,16 +67,17 @@ if #new_idx > 0 and #new_idx < nr then
   for k, i in ipairs(new_idx) do idx[k] = tostring(i - 1) end
   return redis.error_reply('PARTIAL ' .. table.concat(idx, ','))
 end
+local GF, GV = {}, {}
+local ng = 0
+for rec in string.gmatch(ARGV[5], '[^\30]+') do
+  local task, state, n, c, s1, s2 = string.match(rec, '^([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)$')
+  if not task then return redis.error_reply('BADRECORD ' .. rec) end
+  ng = ng + 1
+  GF[ng] = #task .. ':' .. task .. '|' .. state
+  GV[ng] = {tonumber(n), tonumber(c), tonumber(s1), tonumber(s2)}
+end
+local stored = {}  -- the groups' moments after this call, in ARGV[5] order
 if #new_idx > 0 then
-  local GF, GV = {}, {}
-  local ng = 0
-  for rec in string.gmatch(ARGV[5], '[^\30]+') do
-    local task, state, n, c, s1, s2 = string.match(rec, '^([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)\31([^\31]+)$')
-    if not task then return redis.error_reply('BADRECORD ' .. rec) end
-    ng = ng + 1
-    GF[ng] = #task .. ':' .. task .. '|' .. state
-    GV[ng] = {tonumber(n), tonumber(c), tonumber(s1), tonumber(s2)}
-  end
   if ng > 0 then
     local cur = hmget_chunked(KEYS[3], GF)
     local gkv = {}
@@ -95,6 +97,7 @@ if #new_idx > 0 then
       end
       gkv[2 * k - 1] = GF[k]
       gkv[2 * k] = string.format('%d %.17g %.17g %.17g', n, c, s1, s2)
+      stored[k] = gkv[2 * k]
     end
     hset_chunked(KEYS[3], gkv)
   end
@@ -115,6 +118,10 @@ if #new_idx > 0 then
     redis.call('XADD', KEYS[6], 'MAXLEN', '~', '100000', '*', 't', task, 'd', d)
   end
 end
+if #new_idx == 0 and ng > 0 then  -- nothing written: the stored moments as they are
+  local cur = hmget_chunked(KEYS[3], GF)
+  for k = 1, ng do stored[k] = cur[k] or 'nan nan nan nan' end
+end
 local tasks = {}
 for t in string.gmatch(ARGV[6], '[^\30]+') do tasks[#tasks + 1] = t end
 local done = {}
@@ -124,4 +131,4 @@ local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
 local cursor = '0-0'
 if last[1] then cursor = last[1][1] end
 for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[1])) end
-return {#new_idx, epoch, cursor, done}
+return {#new_idx, epoch, cursor, done, table.concat(stored, ' ')}

@@ -120,12 +120,18 @@ class MemoryAnchorIndex(AnchorIndex):
     ) -> None:
         """Block until every task has ``n_runs`` complete runs (woken by each insert, no polling).
 
-        In process only: an index served by a Ray actor answers one call at a time, so its
-        client (:class:`~orchestrator.anchors.remote.RemoteAnchorIndex`) polls instead.
-
         Raises:
             AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks).
         """
+        short = self.await_complete(batch_key, tasks, n_runs, timeout_s)
+        if short:
+            raise _incomplete(batch_key, short, n_runs, timeout_s)
+
+    def await_complete(self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float) -> dict[str, int]:
+        """Wait on the index's condition (notified by every insert) until every task has
+        ``n_runs`` complete runs, or ``timeout_s`` passed; returns the tasks still short and
+        their counts (empty: complete). Served by a Ray actor, it runs in one of the actor's
+        threads while others keep answering inserts (see :mod:`orchestrator.anchors.remote`)."""
 
         def short() -> dict[str, int]:
             b = self._batches.get(batch_key)
@@ -133,8 +139,8 @@ class MemoryAnchorIndex(AnchorIndex):
             return {t: done.get(t, 0) for t in tasks if done.get(t, 0) < n_runs}
 
         with self._changed:
-            if not self._changed.wait_for(lambda: not short(), timeout=timeout_s):
-                raise _incomplete(batch_key, short(), n_runs, timeout_s)
+            self._changed.wait_for(lambda: not short(), timeout=max(timeout_s, 0.0))
+            return short()
 
     def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         with self._lock:

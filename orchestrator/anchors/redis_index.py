@@ -394,10 +394,14 @@ class RedisAnchorIndex(AnchorIndex):
                         f"(server restarted without persistence, keys expired, or batch dropped)"
                     )
                 raise AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
-            added, epoch, cursor, done = res
+            added, epoch, cursor, done, stored = res
             self._epochs.setdefault(batch_key, epoch.decode() if isinstance(epoch, bytes) else str(epoch))
             cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
-            return InsertReceipt(int(added), {t: int(v) for t, v in zip(call_tasks, done, strict=True)}, cursor)
+            done_by_task = {t: int(v) for t, v in zip(call_tasks, done, strict=True)}
+            if subset is not None:  # the moments returned cover the resent groups only
+                return InsertReceipt(int(added), done_by_task, cursor)
+            moments = np.array(stored.split(), dtype=np.float64).reshape(-1, 4) if stored else np.zeros((0, 4))
+            return InsertReceipt(int(added), done_by_task, cursor, moments)
         raise AnchorIndexError(
             f"{self._where()}: insert into batch {batch_key!r}: other writers kept storing these trajectories "
             "concurrently; retry the call"

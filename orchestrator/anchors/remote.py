@@ -9,17 +9,24 @@ once, in :class:`~orchestrator.anchors.index.AnchorIndex`) runs inside the actor
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 
-from orchestrator.anchors.index import poll_complete
+from orchestrator.anchors.index import _incomplete
 from orchestrator.anchors.memory import MemoryAnchorIndex
 
 __all__ = ["MemoryIndexActor", "RemoteAnchorIndex", "serve_memory_index"]
 
-MemoryIndexActor = ray.remote(num_cpus=0, max_restarts=0)(MemoryAnchorIndex)
-"""The memory index as a Ray actor class (no CPU reserved: it only answers calls)."""
+MemoryIndexActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)(MemoryAnchorIndex)
+"""The memory index as a Ray actor class (no CPU reserved: it only answers calls). Threaded
+(the index is thread safe, one lock): a worker waiting for complete groups
+(:meth:`MemoryAnchorIndex.await_complete`, at most ``_WAIT_SLICE_S`` per call) holds one
+thread while the inserts that complete the groups are served by the others."""
+
+_WAIT_SLICE_S = 1.0
+"""Longest single blocking wait inside the actor; a longer wait is several calls."""
 
 
 class RemoteAnchorIndex:
@@ -42,9 +49,21 @@ class RemoteAnchorIndex:
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
     def wait_complete(self, batch_key: str, tasks: Any, n_runs: int, timeout_s: float, receipt: Any = None) -> None:
-        """Poll the actor (:func:`~orchestrator.anchors.index.poll_complete`): a blocking wait
-        inside it would hold up the inserts that complete the groups (it answers one call at a time)."""
-        poll_complete(self, batch_key, tasks, n_runs, timeout_s)
+        """Block until every task has ``n_runs`` complete runs: the actor waits on its condition,
+        woken by the insert that completes them (calls of at most ``_WAIT_SLICE_S``, so that a
+        waiter never holds one of the actor's threads for long).
+
+        Raises:
+            AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            short = ray.get(self._handle.await_complete.remote(batch_key, list(tasks), n_runs, min(max(left, 0.0), _WAIT_SLICE_S)))
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                raise _incomplete(batch_key, short, n_runs, timeout_s)
 
     def __repr__(self) -> str:
         return f"RemoteAnchorIndex({self._handle!r})"

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import itertools
 import logging
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,8 +102,25 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any) -> None:
         cuts = list(map(slice, (ends - lengths).tolist(), ends.tolist()))
         adv_parts = map(torch.from_numpy, map(adv.__getitem__, cuts))
         ret_parts = map(torch.from_numpy, map(ret.__getitem__, cuts))
-    _consume(map(setattr, exps, itertools.repeat("advantages"), adv_parts))
-    _consume(map(setattr, exps, itertools.repeat("returns"), ret_parts))
+    with _gc_paused():  # 2N new tensors, no reference cycles: no collection is due for them
+        _consume(map(setattr, exps, itertools.repeat("advantages"), adv_parts))
+        _consume(map(setattr, exps, itertools.repeat("returns"), ret_parts))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while a batch allocates its many acyclic objects
+    (each allocation would otherwise count towards a collection that scans the whole heap;
+    measured: a first write-back of 25,600 experiences spent 0.3 s of 0.43 s in collections);
+    restored on exit, also when it was already disabled by the caller."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 _consume = collections.deque(maxlen=0).extend
@@ -797,7 +816,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
                 version = max(int((exps[i].info or _NO_INFO).get("model_version", 0) or 0) for i in rows.tolist())
                 ray.get(self._actor.anchor_register.remote(bk, version))
                 ray.get(self._actor.anchor_register.remote(bk + EPISODE_SUFFIX, version))
-            index.insert_trajectories(bk, trajectory_records(
+            steps_receipt = index.insert_trajectories(bk, trajectory_records(
                 r.group[rows], group_name, r.run[rows], r.step[rows], r.state[rows], state_name, returns[rows]
             ))
             # the episode returns after the steps: a complete episode group implies complete steps
@@ -805,25 +824,28 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
             receipt = index.insert_trajectories(bk + EPISODE_SUFFIX, trajectory_records(
                 traj_group[trajs], group_name, traj_run[trajs], zeros, zeros, [EPISODE_STATE], totals[trajs]
             ))
-            if n_runs is not None:
-                groups = np.flatnonzero(in_batch)
-                split = [group_name[g] for g in groups[runs_per_group[groups] != n_runs].tolist()]
-                if any(receipt.done.get(g, 0) < n_runs for g in split):
-                    index.wait_complete(bk + EPISODE_SUFFIX, sorted(split), n_runs, self.wait_timeout_s, receipt=receipt)
-            gid, num = encode_keys(r.group[rows], r.state[rows])
-            first = np.full(num, -1, dtype=np.int64)
-            first[gid] = rows
-            keys = [(group_name[g], state_name[h]) for g, h in zip(r.group[first].tolist(), r.state[first].tolist())]
-            step[rows] = index.group_step_advantages(
-                bk, keys, gid, returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs
-            )
-            egid, enum = encode_keys(traj_group[trajs])
-            efirst = np.full(enum, -1, dtype=np.int64)
-            efirst[egid] = traj_group[trajs]
-            a_e = index.group_step_advantages(
-                bk + EPISODE_SUFFIX, [(group_name[g], EPISODE_STATE) for g in efirst.tolist()], egid, totals[trajs],
-                norm=cfg.norm, eps=cfg.eps, n_runs=n_runs,
-            )
+            gid, _ = encode_keys(r.group[rows], r.state[rows])  # the records' anchor-group codes
+            egid, enum = encode_keys(traj_group[trajs])  # and their episode-group codes
+            # groups complete when written: the index's moments came back with the writes
+            a_s = steps_receipt.step_advantages(gid, returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs)
+            a_e = receipt.step_advantages(egid, totals[trajs], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs)
+            if a_s is None or a_e is None:  # a group split over calls or workers: wait, then read
+                if n_runs is not None:
+                    groups = np.flatnonzero(in_batch)
+                    split = [group_name[g] for g in groups[runs_per_group[groups] != n_runs].tolist()]
+                    if any(receipt.done.get(g, 0) < n_runs for g in split):
+                        index.wait_complete(bk + EPISODE_SUFFIX, sorted(split), n_runs, self.wait_timeout_s, receipt=receipt)
+                first = np.full(int(gid.max()) + 1, -1, dtype=np.int64)
+                first[gid] = rows
+                keys = [(group_name[g], state_name[h]) for g, h in zip(r.group[first].tolist(), r.state[first].tolist())]
+                a_s = index.group_step_advantages(bk, keys, gid, returns[rows], norm=cfg.norm, eps=cfg.eps, n_runs=n_runs)
+                efirst = np.full(enum, -1, dtype=np.int64)
+                efirst[egid] = traj_group[trajs]
+                a_e = index.group_step_advantages(
+                    bk + EPISODE_SUFFIX, [(group_name[g], EPISODE_STATE) for g in efirst.tolist()], egid, totals[trajs],
+                    norm=cfg.norm, eps=cfg.eps, n_runs=n_runs,
+                )
+            step[rows] = a_s
             per_traj = np.full(num_traj, np.nan)
             per_traj[trajs] = a_e
             episode[rows] = per_traj[r.traj[rows]]

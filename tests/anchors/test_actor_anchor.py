@@ -358,3 +358,38 @@ def test_gigpo_job_runs_through_the_actors_index(make_actor, request, backend):
     assert res["max_abs_diff_vs_pure"] <= 1e-9  # the job also raises beyond check_tol
     st = ray.get(actor.anchor_stats.remote())
     assert st["batches"] == 0 and st["tracked_batches"] == {}  # dropped through the actor
+
+
+# --------------------------------------------------------------------------- waiting for complete groups
+
+
+def test_a_wait_through_the_actor_is_woken_by_the_insert_that_completes_the_group(ray_local):
+    import threading
+
+    from orchestrator.anchors.index import trajectory_records
+    from orchestrator.anchors.remote import serve_memory_index
+
+    index = serve_memory_index(f"dso-wait-{uuid.uuid4().hex[:8]}", "trinity-dso", ttl_s=60)
+    steps, _ = make_batch(seed=3)
+    tasks = sorted({s.task for s in steps})
+
+    def records(part):
+        states = sorted({s.state_hash for s in part})
+        return trajectory_records(
+            [tasks.index(s.task) for s in part], tasks, [s.run for s in part], [s.step for s in part],
+            [states.index(s.state_hash) for s in part], states, [s.ret for s in part],
+        )
+
+    receipt = index.insert_trajectories("b", records([s for s in steps if s.run < 3]))
+    assert receipt.done == dict.fromkeys(tasks, 3)
+    t0 = time.monotonic()
+    with pytest.raises(AnchorIndexError, match=r"fewer than 4 complete trajectories.*'task-0': 3"):
+        index.wait_complete("b", tasks, 4, 1.5)  # two slices of the actor's wait, then the error
+    assert time.monotonic() - t0 >= 1.5
+    timer = threading.Timer(0.3, index.insert_trajectories, ("b", records([s for s in steps if s.run == 3])))
+    timer.start()
+    t0 = time.monotonic()
+    index.wait_complete("b", tasks, 4, 30.0)
+    assert 0.25 <= time.monotonic() - t0 < 5.0  # woken by the insert, not at the end of a slice
+    timer.join()
+    np.testing.assert_allclose(query(index, "b", steps, n_runs=4), single_process("b", steps, n_runs=4), rtol=0, atol=1e-12)
