@@ -232,6 +232,7 @@ def trinity_run(tmp_path_factory, tiny_model, engine_model, serve_http):
 
     asyncio.run(read_all())
     seen["batches"] = batches
+    print(transcript(seen))  # shown with pytest -s
     yield seen
     http.close()
     serve.delete("trinity-it")
@@ -244,6 +245,23 @@ def end_explorer(name: str) -> None:
     except ValueError:
         return
     wait_for(lambda: _actor_gone(name, NAMESPACE), 60, "explorer gone")
+
+
+def transcript(seen: dict) -> str:
+    """What a user sees of the run over REST: the policy change and the metrics scrapes."""
+    keep = ("dso_resampling_policy_revision", "dso_groups_emitted_total", "dso_groups_classified_total",
+            "dso_groups_dropped_total", "dso_batches_emitted_total")
+
+    def lines(text: str) -> str:
+        return "\n".join(f"    {x}" for x in text.splitlines() if x.startswith(keep) and not x.endswith(" 0.0"))
+
+    p, q = seen["patch"], seen["patch_pinned"]
+    return (
+        f"PATCH /v1/policy {{'filter': {{'band': [0.3, 0.7]}}}} -> {p.status_code} {p.json()}\n"
+        f"PATCH /v1/policy {{'target_groups': 2}} -> {q.status_code} {q.json()}\n"
+        f"GET /metrics after the change:\n{lines(seen['metrics_after_patch'])}\n"
+        f"GET /metrics at the end:\n{lines(seen['metrics_end'])}"
+    )
 
 
 def live_placement_groups() -> set[str]:
