@@ -9,7 +9,12 @@ Times, in one process on the same synthetic batch:
   given), then query every step's A^S; reported as insert, query and total;
 * ``memory actor`` - the memory index served by its own Ray actor, reached through
   :class:`~orchestrator.anchors.remote.RemoteAnchorIndex` (how an orchestrator actor's workers
-  reach it without Redis): the same calls, each one Ray round trip.
+  reach it without Redis): the same calls, each one Ray round trip;
+* ``redis whole trajectories`` - the path ``dso_gigpo_index`` takes:
+  :func:`~orchestrator.anchors.index.trajectory_records` (prepared in numpy) and
+  :meth:`~orchestrator.anchors.index.AnchorIndex.insert_trajectories` (one record per
+  trajectory and per anchor group), whose reply carries the groups' moments: A^S without a
+  second read.
 
 Each entry is the best of ``--repeats`` runs; ratios are ``time / reference time`` (below 1
 is faster). Every variant's step advantages are checked against the reference (max |diff|).
@@ -27,8 +32,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from algos.gigpo import GiGPOConfig, gigpo_advantages
-from orchestrator.anchors.index import AnchorIndexError, AnchorStep
+from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
+from orchestrator.anchors.index import AnchorIndexError, AnchorStep, trajectory_records
 from orchestrator.anchors.memory import MemoryAnchorIndex
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 
@@ -105,6 +110,26 @@ def bench_index(index, tasks, runs, steps, hashes, returns, batch_prefix, repeat
     return t_ins, t_q, out
 
 
+def bench_trajectories(index, tasks, runs, steps, hashes, returns, batch_prefix, repeats):
+    """Whole-trajectory insert (records prepared from integer codes) and A^S from its reply."""
+    task_names, task_ids = np.unique(tasks, return_inverse=True)
+    state_names, state_ids = np.unique(hashes, return_inverse=True)
+    n_runs = int(runs.max()) + 1
+    t_ins, t_q, out = math.inf, math.inf, None
+    for k in range(repeats):
+        key = f"{batch_prefix}-traj-{k}"
+        t0 = time.perf_counter()
+        recs = trajectory_records(task_ids, task_names.tolist(), runs, steps, state_ids, state_names.tolist(), returns)
+        receipt = index.insert_trajectories(key, recs)
+        t1 = time.perf_counter()
+        gid, _ = encode_keys(task_ids, state_ids)
+        out = receipt.step_advantages(gid, returns, n_runs=n_runs)
+        t2 = time.perf_counter()
+        index.drop(key)
+        t_ins, t_q = min(t_ins, t1 - t0), min(t_q, t2 - t1)
+    return t_ins, t_q, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="'' to skip the Redis index")
@@ -151,6 +176,10 @@ def main() -> None:
             ins, q, adv = bench_index(idx, tasks, runs, steps, hashes, out.returns, "bench", args.repeats)
             d = float(np.max(np.abs(adv - ref_step)))
             rows += [("redis index: insert", ins, d), ("redis index: query", q, d), ("redis index: total", ins + q, d)]
+            ins, q, adv = bench_trajectories(idx, tasks, runs, steps, hashes, out.returns, "bench", args.repeats)
+            d = float(np.max(np.abs(adv - ref_step)))
+            rows += [("redis whole trajs: insert", ins, d), ("redis whole trajs: A^S", q, d),
+                     ("redis whole trajs: total", ins + q, d)]
         except AnchorIndexError as exc:
             print(f"(redis index skipped: {exc})")
         finally:

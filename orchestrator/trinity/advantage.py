@@ -138,12 +138,14 @@ def _first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:
     distinct keys in that order.
 
     One C-level pass (``map(dict.setdefault, keys, range(N))`` gives each row the row of its
-    key's first appearance), then one integer ``np.unique`` to number those rows densely.
+    key's first appearance), then those rows are numbered densely by their rank among the
+    first-appearance rows (a presence table over 0..N-1 and a cumulative sum, no sort).
     """
     first: dict = {}
     rows = np.array(list(map(first.setdefault, keys, range(len(keys)))), dtype=np.int64)
-    code = np.unique(rows, return_inverse=True)[1].reshape(-1).astype(np.int64, copy=False)
-    return code, list(first)
+    present = np.zeros(len(keys), dtype=bool)
+    present[rows] = True
+    return (np.cumsum(present) - 1)[rows], list(first)
 
 
 def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
