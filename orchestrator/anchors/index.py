@@ -16,6 +16,16 @@ no-op (never double counted) and re-inserting it with a different state or retur
 (:class:`AnchorConflictError`). A run is complete when its step with ``last=True`` and all
 steps before it are stored; a task is complete when its n runs are.
 
+Whole trajectories (:meth:`AnchorIndex.insert_trajectories`, what ``dso_gigpo_index`` uses)
+are the bulk path: :func:`trajectory_records` checks the integer-coded step columns and
+reduces them in numpy to one record per trajectory (length and a 64-bit digest of its steps,
+for idempotence and conflicts) and one per anchor group (the call's ``[n, c, S1, S2]``, merged
+into the stored moments by re-basing both to the smaller minimum). The insert returns an
+:class:`InsertReceipt`: the complete runs of the call's tasks and the groups' moments right
+after the write, so groups that the call holds whole need no second read, and a cursor from
+which :meth:`AnchorIndex.wait_complete` blocks until split groups complete (Redis: an event
+stream written by the insert script; memory: a condition notified by every insert).
+
 Implementations:
 
 * :class:`~orchestrator.anchors.memory.MemoryAnchorIndex` - in process, thread safe (the

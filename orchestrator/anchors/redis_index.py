@@ -1,4 +1,6 @@
-"""Redis anchor index: one atomic Lua script per chunk of steps, keys with a TTL, epoch-guarded reads and writes."""
+"""Redis anchor index: one atomic Lua script per chunk of steps (``insert.lua``) or per call of
+whole trajectories (``insert_runs.lua``), keys with a TTL, epoch-guarded reads and writes, and
+an event stream per batch on which waiters for complete groups block (``XREAD BLOCK``)."""
 
 from __future__ import annotations
 
