@@ -197,6 +197,22 @@ def test_written_tensors_are_separate_storages():
     assert [e.advantages.tolist() for e in restored] == [[float(i)] * 4 for i in range(50)]
 
 
+def test_write_back_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    exps = [texp(0, 0, r) for r in range(3)]
+    assert gc.isenabled()
+    write_token_advantages(exps, [1.0, 2.0, 3.0])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        write_token_advantages(exps, [1.0, 2.0, 3.0])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert [e.advantages.tolist() for e in exps] == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+
+
 def test_write_back_refuses_a_wrong_number_of_scalars():
     with pytest.raises(ValueError, match="scalars: 1 values for 2 experiences"):
         write_token_advantages([texp(0, 0, 0), texp(0, 0, 1)], [1.0])
