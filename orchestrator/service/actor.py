@@ -35,9 +35,10 @@ from algos.dapo import InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
-from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, table_error, trajectory_rollouts
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
+from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.logs import enable_service_logging

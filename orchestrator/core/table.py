@@ -1,0 +1,113 @@
+"""Groups as columns (:class:`~orchestrator.core.types.GroupTable`): every row checked at once.
+
+Pure numpy over the (G, n) columns, no state: the core accepts what :func:`check_table` returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from algos.dapo import InvalidGroupError
+from orchestrator.core.errors import short_repr
+from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.types import Group, GroupTable, UnknownTaskError
+from orchestrator.core.validate import MAX_INT32
+
+
+def table_error(errors: dict[int, str]) -> Exception:
+    """The error of the first invalid row of :func:`check_table`'s ``errors``."""
+    first = errors[min(errors)]
+    return (UnknownTaskError if first.startswith("task_id:") else InvalidGroupError)(first)
+
+
+def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, int]) -> tuple[list[Group], dict[int, str]]:
+    """Check every row of a :class:`GroupTable` at once (no state change).
+
+    The same rules as ``OrchestratorCore._check_group`` (the list route), vectorised over the
+    (G, n) columns: a known task, runs a permutation of ``0..n-1``, model versions in
+    [0, 2**31 - 1]; per member a finite reward and judged value within ``max_abs_reward``
+    (``reject``: every member;
+    ``mask``: the others are masked, at least ``min_valid_group_size`` must remain).
+
+    Args:
+        table: the groups as columns.
+        policy: the resampling policy (``group_size``, ``filter.judge``, ``group_validity``, ...).
+        index: task id -> task index of the task set.
+    Returns:
+        one :class:`Group` per row (member columns set, by run; ``ref`` and ``model_version``
+        = the oldest member's), and ``{row: message}`` of the invalid rows (message names
+        the field, the run, the task and the value).
+    """
+    p = policy
+    n = p.group_size
+    num, width = table.runs.shape
+    tasks = table.task_ids
+    idx = np.fromiter((index.get(t, -1) if isinstance(t, str) else -1 for t in tasks), np.int64, num)
+    order = np.argsort(table.runs, axis=1, kind="stable")
+    runs = np.take_along_axis(table.runs, order, 1)
+    rewards = np.take_along_axis(table.rewards.astype(np.float64), order, 1)
+    versions = np.take_along_axis(table.versions.astype(np.int64), order, 1)
+    judge = p.filter.judge
+    if judge == "auto":
+        acc = table.metrics.get("accuracy")
+        values = rewards if acc is None else np.take_along_axis(acc, order, 1)
+        values = np.where(np.isnan(values).all(axis=1, keepdims=True), rewards, values) if acc is not None else values
+    elif judge == "reward":
+        values = rewards
+    else:
+        col = table.metrics.get(judge)
+        values = np.full(rewards.shape, np.nan) if col is None else np.take_along_axis(col.astype(np.float64), order, 1)
+    bound = p.max_abs_reward
+    with np.errstate(invalid="ignore"):
+        bad_reward = ~np.isfinite(rewards) | (np.abs(rewards) > bound)
+        bad_value = ~np.isfinite(values) | (np.abs(values) > bound)
+    usable = ~(bad_reward | bad_value)
+    bad_row = (idx < 0) | ((versions < 0) | (versions > MAX_INT32)).any(axis=1)
+    if width != n:
+        bad_row[:] = True
+    else:
+        bad_row |= (runs != np.arange(n)).any(axis=1)
+    count = usable.sum(axis=1)
+    bad_row |= count < p.min_valid_group_size if p.group_validity == "mask" else count < width
+    errors = {i: _problem(table, i, p, index, runs, rewards, values, versions, judge) for i in np.flatnonzero(bad_row).tolist()}
+    values = np.where(usable, values, np.nan)
+    oldest = versions.min(axis=1).tolist() if width else [0] * num
+    groups = [
+        Group(t, [], model_version=v, ref=ref, size=width, rewards=r, values=x, valid=ok, versions=vs)
+        for t, ref, v, r, x, ok, vs in zip(tasks, table.refs, oldest, rewards, values, usable, versions)
+    ]
+    return groups, errors
+
+def _problem(table: GroupTable, i: int, p: ResamplingPolicy, index: dict[str, int], runs: np.ndarray,
+             rewards: np.ndarray, values: np.ndarray, versions: np.ndarray, judge: str) -> str:
+    """The first problem of row ``i`` of a table, worded as the list route words it."""
+    n = p.group_size
+    task = table.task_ids[i]
+    if not isinstance(task, str) or task not in index:
+        return f"task_id: unknown task {short_repr(task)} (task set has {len(index)} tasks)"
+    if runs.shape[1] != n:
+        return f"rollouts: group of task {task!r} has {runs.shape[1]} rollouts, expected group_size={n}"
+    if (runs[i] != np.arange(n)).any():
+        return f"eid.run: run ids {sorted(runs[i].tolist())} of task {task!r} are not 0..{n - 1} once each"
+    bad = np.flatnonzero((versions[i] < 0) | (versions[i] > MAX_INT32))
+    if bad.size:
+        return f"versions: {int(versions[i, bad[0]])} not in [0, {MAX_INT32}] in run {int(bad[0])} of task {task!r}"
+    problems = []
+    for run in range(n):
+        reward, value = float(rewards[i, run]), float(values[i, run])
+        where = f"in run {run} of task {task!r}"
+        if not math.isfinite(reward):
+            problems.append(f"reward: non-finite value {reward!r} {where}")
+        elif abs(reward) > p.max_abs_reward:
+            problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={p.max_abs_reward:g} {where}")
+        elif math.isnan(value):
+            problems.append(f"metrics[{judge!r}]: missing or not a number {where} (the filter judges it)")
+        elif not math.isfinite(value) or abs(value) > p.max_abs_reward:
+            problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
+    if p.group_validity == "mask":
+        why = f" ({problems[0]})" if problems else ""
+        return (f"group_validity: task {task!r} has {n - len(problems)} usable rollouts of {n}, below "
+                f"min_valid_group_size={p.min_valid_group_size}{why}")
+    return problems[0]
