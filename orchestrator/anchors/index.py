@@ -136,8 +136,8 @@ class InsertReceipt:
         moments: (G, 4) ``[n, c, S1, S2]`` stored for each anchor group of the call (in the
             order of its :class:`TrajectoryRecords`), read after the write in one consistent
             reading with ``done`` (Redis: in the same script); None when the backend did not
-            return them. For a group complete at that
-            moment they are its final statistics (:meth:`InsertReceipt.step_advantages`).
+            return them. For a group complete at that moment they are its final statistics
+            (:meth:`InsertReceipt.step_advantages`).
     """
 
     added: int
@@ -305,8 +305,9 @@ def trajectory_records(
 
 def poll_complete(index: Any, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float) -> None:
     """Wait, by polling ``index.completed_runs`` (back-off 20 ms doubling to 0.5 s), until every
-    task has ``n_runs`` complete runs in ``batch_key``; for backends that cannot announce
-    completion (an index served by a Ray actor answers one call at a time, so it cannot block).
+    task has ``n_runs`` complete runs in ``batch_key``: the default of
+    :meth:`AnchorIndex.wait_complete`, for backends that cannot announce completion (the memory
+    and Redis indexes and the memory index's actor client override it with blocking waits).
 
     Raises:
         AnchorIndexError: still incomplete after ``timeout_s`` (names up to 5 tasks and counts).
