@@ -159,6 +159,11 @@ class Orchestrator(AnchorLifecycle):
         self._lock = asyncio.Lock()
         self._committing = False  # a commit is being written in a worker thread
         self._commit_again = False  # something changed meanwhile: commit once it is done
+        # group commit: submits count their changes (_tick); a commit covers every change made
+        # before it started (_durable_upto); submits wait for one that covers theirs (_waiters)
+        self._tick = 0
+        self._durable_upto = 0
+        self._waiters: list[asyncio.Future] = []
         # what the next commit writes (see _checkpoint)
         self._seen: dict[str, str] = {}  # filter label of every group key ever accepted
         self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
@@ -255,34 +260,69 @@ class Orchestrator(AnchorLifecycle):
         if self._committing:
             self._commit_again = True
             return
+        upto = self._tick
         change, external, held = self._prepare()
         try:
             self._write(change, external)
-        except BaseException:
+        except BaseException as exc:
             self._rollback()
+            self._wake(exc)
             raise
         if change is not None:
             self._stored = held
+        self._durable_upto = upto
+        self._wake()
 
     async def _checkpoint_async(self) -> None:
         """:meth:`_checkpoint` with the writing in a worker thread (the event loop keeps answering)."""
         if self._committing:
             self._commit_again = True
             return
+        upto = self._tick
         change, external, held = self._prepare()
         self._committing = True
         try:
             await asyncio.to_thread(self._write, change, external)
-        except BaseException:
+        except BaseException as exc:
             self._committing = False
             self._rollback()
+            self._wake(exc)
             raise
         self._committing = False
         if change is not None:
             self._stored = held
+        self._durable_upto = upto
+        self._wake()
         if self._commit_again:
             self._commit_again = False
             self._checkpoint()
+
+    def _wake(self, exc: BaseException | None = None) -> None:
+        """Answer the submits waiting in :meth:`_durable`: they look again, or fail with ``exc``
+        (a failed commit went back to the last one: their changes are gone)."""
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if fut.done():
+                continue
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(f"the commit of this change failed and was rolled back: {exc!r}"))
+
+    async def _durable(self, mine: int) -> None:
+        """Return once change ``mine`` is committed (group commit: a submit made while another
+        commit is written waits for the next one, which covers every submit made meanwhile).
+
+        Raises:
+            RuntimeError: the commit failed (the actor went back to its last commit).
+        """
+        while self._durable_upto < mine:
+            if self._committing:
+                fut = asyncio.get_running_loop().create_future()
+                self._waiters.append(fut)
+                await fut
+            else:
+                await self._checkpoint_async()
 
     def _finish(self, batch: Batch) -> None:
         """Record an emitted batch: ready to hand out, written by the next commit."""
@@ -348,6 +388,8 @@ class Orchestrator(AnchorLifecycle):
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:
                 await self._submit(groups, emit=False)
+                mine = self._tick
+            await self._durable(mine)
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
@@ -375,8 +417,12 @@ class Orchestrator(AnchorLifecycle):
         self._start_watch()
         async with self._lock:
             if isinstance(groups, GroupTable):
-                return await self._submit_table(groups, on_invalid)
-            return await self._submit(groups, on_invalid)
+                labels = await self._submit_table(groups, on_invalid)
+            else:
+                labels = await self._submit(groups, on_invalid)
+            mine = self._tick
+        await self._durable(mine)  # outside the lock: concurrent submits share commits
+        return labels
 
     @staticmethod
     def _slices(items: list, rollouts: Any) -> list[list]:
@@ -480,7 +526,8 @@ class Orchestrator(AnchorLifecycle):
 
     async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
         """Run ``submit(i)`` for each slice ``i`` of one call (one round): record the labels,
-        release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts and at the end."""
+        release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts; the end
+        is committed by the caller's :meth:`_durable`, after it releases the lock."""
         if count and self._batch_started is None:
             self._batch_started = time.monotonic()
         uncommitted = 0
@@ -492,7 +539,10 @@ class Orchestrator(AnchorLifecycle):
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
             uncommitted += sum(g.size for g in part_groups)
-            if uncommitted >= COMMIT_ROLLOUTS or i == count - 1:
+            if i == count - 1:  # the caller waits for it outside the lock (_durable)
+                self._tick += 1
+                self._observe()
+            elif uncommitted >= COMMIT_ROLLOUTS:
                 await self._checkpoint_async()
                 self._observe()
                 uncommitted = 0

@@ -153,3 +153,14 @@ def test_task_columns_are_written_by_changed_rows_and_restored_exactly(tmp_path)
     restored = orch(tmp_path).core.state_dict()
     assert restored["history"] == o.core.state_dict()["history"]
     assert restored["passrate"] == o.core.state_dict()["passrate"]
+
+
+def test_concurrent_submits_are_committed_when_they_return_and_share_commits(tmp_path):
+    o = orch(tmp_path)
+
+    async def eight():
+        return await asyncio.gather(*(o.submit_groups([group(t, WRONG, tag=f"c{i}")]) for i, t in enumerate(TASKS)))
+
+    assert run(eight()) == [["all_wrong"]] * 8
+    assert orch(tmp_path).get_stats().groups_submitted == 8  # every acknowledged submit is on disk
+    assert o.store.seq < 8  # submits made while a commit was written waited for one shared commit
