@@ -27,7 +27,7 @@ from trinity.common.experience import Experience as TExp
 
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn, write_token_advantages
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn, StepRows, write_token_advantages
 from orchestrator.trinity.plugin import register
 
 ARGS = {"omega": 0.7, "gamma": 0.9, "fnorm": "std", "epsilon": 1e-6}
@@ -129,6 +129,20 @@ def test_dso_gigpo_metrics_equal_the_previous_ones():
     assert metrics["dso_gigpo/anchor_groups_total"] == ids.size
     assert metrics["dso_gigpo/anchor_groups_size_gt1"] == sum(sizes[i] > 1 for i in ids.tolist())
     assert metrics["dso_gigpo/mean_abs_A_S"] == pytest.approx(float(np.abs(res.step).mean()), abs=1e-12)
+
+
+def test_rows_are_in_batch_order_whatever_the_memory_order():
+    # created task 0 first, given task 2 first: groups are numbered by first appearance in the
+    # batch (Trinity's group_by order), and every column lines up with the batch's rows
+    made = [texp(0, t, r, s, info={"env_state_hash": f"h{t}{s}", "step_reward": float(10 * t + s)})
+            for t in range(3) for r in range(2) for s in range(2)]
+    given = made[::-1]
+    rows = StepRows.read(given, "step_reward", "env_state_hash")
+    assert rows.group_keys == [(0, 2), (0, 1), (0, 0)]
+    assert rows.group.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert rows.run.tolist() == [1, 1, 0, 0] * 3 and rows.step.tolist() == [1, 0] * 6
+    assert rows.reward.tolist() == [float(10 * e.eid.task + e.eid.step) for e in given]
+    assert rows.state_keys().tolist() == [e.info["env_state_hash"] for e in given]
 
 
 def test_a_bytes_hash_and_its_hex_text_are_one_anchor_state():
