@@ -149,7 +149,7 @@ def _address_order(exps: list) -> tuple[list, np.ndarray]:
     Costs one ``id`` pass and one integer argsort.
     """
     addr = np.fromiter(map(id, exps), dtype=np.uint64, count=len(exps))
-    pos = np.argsort(addr, kind="stable")
+    pos = np.argsort(addr)  # distinct objects have distinct addresses: no ties to order
     return list(map(exps.__getitem__, pos.tolist())), pos
 
 
