@@ -315,7 +315,9 @@ def _trajectory_layout(
     """
     describe = describe or (lambda i: f"trajectory {_r(traj_ids[i])}")
     t = _dense_ids(traj_ids)
-    order = np.lexsort((steps, t))
+    order = _consecutive_order(t, steps)
+    if order is None:  # a duplicate or a gap: sort, and name the first one below
+        order = np.lexsort((steps, t))
     ts, ss = t[order], steps[order]
     same = ts[1:] == ts[:-1]
     step_diff = ss[1:] - ss[:-1]
@@ -337,6 +339,33 @@ def _trajectory_layout(
     ends = np.cumsum(lengths) - 1  # sorted index of each trajectory's last step
     q = ends[ts] - np.arange(ts.size)  # position counted from the trajectory's end, 0 = last
     return order, ts, q, lengths
+
+
+def _consecutive_order(t: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
+    """``np.lexsort((steps, t))`` without sorting, when every trajectory's steps are distinct
+    and consecutive (the valid case): each row's slot is its trajectory's start plus its step
+    minus the trajectory's first step. None when that does not place every row in its own slot
+    (a duplicate or a gap, which the caller then finds by sorting).
+
+    Args:
+        t: (S,) dense trajectory codes in [0, K), S > 0.
+        steps: (S,) int.
+    """
+    if t.size == 0:
+        return None
+    k = int(t.max()) + 1
+    lengths = np.bincount(t, minlength=k)
+    first = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, t, steps)
+    offset = steps - first[t]
+    if (offset >= lengths[t]).any():
+        return None
+    slot = (np.cumsum(lengths) - lengths)[t] + offset
+    if np.bincount(slot, minlength=t.size).max() != 1:
+        return None
+    order = np.empty_like(slot)
+    order[slot] = np.arange(t.size)
+    return order
 
 
 def discounted_returns(rewards: Any, traj_ids: Any, steps: Any, *, gamma: float = 0.95) -> np.ndarray:
@@ -839,13 +868,24 @@ def gigpo_advantages_coded(
     r = _as_1d(rewards, "rewards", np.float64)
     sid = _as_1d(state_ids, "state_ids", np.int64)
     _same_length(group_ids=g, run_ids=rn, steps=st, rewards=r, state_ids=sid)
-    names = g if group_names is None else np.asarray(group_names, dtype=object)[g]
+    names = _GroupNames(g, group_names)  # looked up only for an error message
     _check_rewards(r, names, rn, st)
     st = _check_steps(st)
     anchor_ids, num = encode_keys(g, sid)
     sizes = np.bincount(anchor_ids, minlength=num)[anchor_ids]
     penalty = _penalty(cfg, r, invalid)
     return _gigpo_from_codes(g, rn, st, r, penalty, anchor_ids, sizes, cfg, lambda i: f"task {_r(names[i])} run {_r(rn[i])}")
+
+
+class _GroupNames:
+    """``names[row]``: the name of a row's group code (the code itself without names)."""
+
+    def __init__(self, codes: np.ndarray, names: Any) -> None:
+        self.codes, self.names = codes, names
+
+    def __getitem__(self, row: int) -> Any:
+        code = self.codes[row]
+        return code if self.names is None else self.names[int(code)]
 
 
 def _check_rewards(r: np.ndarray, tk: np.ndarray, rn: np.ndarray, st: np.ndarray) -> None:
