@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from algos.gigpo import encode_keys, normalise_from_moments
+from algos.gigpo import _consecutive_order, encode_keys, normalise_from_moments
 from algos.groups import Norm
 
 _U64 = np.uint64
@@ -245,6 +245,9 @@ def trajectory_records(
         raise ValueError(f"task_ids, runs, steps, state_ids, returns lengths differ: {tk.size}, {rn.size}, {st.size}, {sid.size}, {ret.size}")
     task_names, state_names = list(task_names), list(state_names)
     for kind, names in (("task", task_names), ("state_hash", state_names)):
+        # one C-level check of all names; the loop below only runs to name the bad one
+        if all(map(str.__instancecheck__, names)) and all(names) and not _SEPARATORS.search("".join(names)):
+            continue
         for k, name in enumerate(names):
             if not isinstance(name, str) or not name or _SEPARATORS.search(name):
                 raise ValueError(f"{kind}: empty, not a str, or with a control character \\x1e/\\x1f: {name!r} (code {k})")
@@ -270,7 +273,9 @@ def trajectory_records(
             e, e, e, e.astype(np.uint64), e, e, np.zeros((0, 4)), task_names, state_names, 0, (e, e, e, e, ret, e.astype(bool))
         )
     traj, num_traj = encode_keys(tk, rn)
-    order = np.lexsort((st, traj))
+    order = _consecutive_order(traj, st)  # (trajectory, step) order, without a sort when valid
+    if order is None:
+        order = np.lexsort((st, traj))
     ts, ss = traj[order], st[order]
     starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
     length = np.diff(np.r_[starts, ts.size])
@@ -282,7 +287,7 @@ def trajectory_records(
         what = "duplicate" if k and ts[k] == ts[k - 1] and ss[k] == ss[k - 1] else f"expected step {int(expect[k])}"
         raise ValueError(f"steps: {where(i)} (row {i}): {what}; a call must hold whole trajectories, steps 0..L-1 once each")
     first = order[starts]
-    crc = np.array([zlib.crc32(n.encode()) for n in state_names], dtype=np.uint64)
+    crc = np.array(list(map(zlib.crc32, map(str.encode, state_names))), dtype=np.uint64)
     mixed = _splitmix64(ret.view(np.uint64) ^ _splitmix64((crc[sid] << _U64(32)) | st.astype(np.uint64)))
     digest = np.add.reduceat(mixed[order], starts) if ts.size else np.zeros(0, dtype=np.uint64)
     gid, num = encode_keys(tk, sid)
