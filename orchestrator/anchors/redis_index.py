@@ -152,6 +152,17 @@ class RedisAnchorIndex(AnchorIndex):
         state["observe"] = None
         return state
 
+    def _insert_error(self, batch_key: str, msg: str) -> AnchorIndexError:
+        """The error of an insert the server refused (``msg``: the script's error text)."""
+        if "CONFLICT" in msg:
+            return AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
+        if "EPOCH" in msg:
+            return AnchorIndexError(
+                f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
+                f"(server restarted without persistence, keys expired, or batch dropped)"
+            )
+        return AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
+
     def _where(self) -> str:
         return f"RedisAnchorIndex({_redact(self.url)})"
 
@@ -314,14 +325,7 @@ class RedisAnchorIndex(AnchorIndex):
                 msg = str(res)
                 if isinstance(res, (redis.ConnectionError, redis.TimeoutError)):
                     self._client = None
-                if "CONFLICT" in msg:
-                    raise AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
-                if "EPOCH" in msg:
-                    raise AnchorIndexError(
-                        f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
-                        f"(server restarted without persistence, keys expired, or batch dropped)"
-                    )
-                raise AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
+                raise self._insert_error(batch_key, msg)
             added += int(res[0])
             epoch = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
             self._epochs.setdefault(batch_key, epoch)
@@ -388,14 +392,7 @@ class RedisAnchorIndex(AnchorIndex):
                 if msg.startswith("PARTIAL") and subset is None:
                     subset = np.array([int(i) for i in msg.split()[1].split(",")], dtype=np.int64)
                     continue
-                if "CONFLICT" in msg:
-                    raise AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
-                if "EPOCH" in msg:
-                    raise AnchorIndexError(
-                        f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
-                        f"(server restarted without persistence, keys expired, or batch dropped)"
-                    )
-                raise AnchorIndexError(f"{self._where()}: insert into batch {batch_key!r} failed: {msg}")
+                raise self._insert_error(batch_key, msg)
             added, epoch, cursor, done, stored = res
             self._epochs.setdefault(batch_key, epoch.decode() if isinstance(epoch, bytes) else str(epoch))
             cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
