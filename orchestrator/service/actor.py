@@ -697,6 +697,11 @@ class Orchestrator(AnchorLifecycle):
         self._checkpoint()
         return {"run": run, "pinned": dict(pinned), "requeued": requeued}
 
+    def held_refs(self) -> list[str]:
+        """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
+        that keeps the payloads (the Trinity operator frees the others)."""
+        return [g.ref for g in self.core.held_groups() if g.ref]
+
     def attachment_info(self) -> dict:
         """The attached run, its pinned policy fields and their reason (``{}`` when none)."""
         return dict(self.attachment)

@@ -7,7 +7,7 @@ import operator
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import numpy as np
 import torch
@@ -108,8 +108,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
         self._payload: dict[str, list[TrinityExperience]] = {}  # group ref -> its experiences (by run, step)
-        self._held_dropped: set[str] = set()  # refs of non-informative groups (padding candidates)
         self._rounds_open = 0  # explore steps submitted since the last release
+        self._swept_dir = False  # files of earlier processes not held any more: deleted once
         self.auxiliary_models = {}
 
     async def actor(self) -> Any:
@@ -247,7 +247,6 @@ class OrchestratorOperator(ExperienceOperatorV1):
         batch_id = int(batch.batch_id)
         for g in batch.groups:
             steps = self._take(g.ref, g.task_id)
-            self._held_dropped.discard(g.ref)
             masked = set() if g.padding or g.valid is None or g.valid.all() else set(np.flatnonzero(~g.valid).tolist())
             for s in steps:
                 info = s.info
@@ -258,11 +257,20 @@ class OrchestratorOperator(ExperienceOperatorV1):
                     if s.action_mask is not None:
                         s.action_mask = torch.zeros_like(s.action_mask)
             out.extend(steps)
-        # padding candidates not used are dropped by the core at each release
-        for ref in self._held_dropped:
-            self._forget(ref)
-        self._held_dropped.clear()
         return out
+
+    async def _sweep(self, actor: Any) -> None:
+        """Free the payload of every group the actor no longer holds (dropped as non-informative,
+        invalid, stale, or a padding candidate left unused at a release), in memory and in
+        ``held_dir``, including the files of earlier explorer processes."""
+        held = set(await actor.held_refs.remote())
+        for ref in [r for r in self._payload if r not in held]:
+            self._forget(ref)
+        if self.held_dir is not None and not self._swept_dir and self.held_dir.is_dir():
+            for path in self.held_dir.glob("*.bin"):
+                if unquote(path.stem) not in held:
+                    path.unlink(missing_ok=True)
+            self._swept_dir = True
 
     async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         actor = await self.actor()
@@ -273,7 +281,6 @@ class OrchestratorOperator(ExperienceOperatorV1):
         if table is not None:
             self._hold(payload)  # on disk before the actor holds the groups
             labels = await actor.submit_groups.remote(table, on_invalid="drop")
-            self._held_dropped.update(np.asarray(table.refs)[labels != GroupReason.INFORMATIVE.label].tolist())
             self._rounds_open += 1
         released: list[TrinityExperience] = []
         batches = 0
@@ -300,6 +307,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 batches += 1
                 padded += batch.num_padding
                 self._rounds_open = 0
+        await self._sweep(actor)
         metrics = {
             "dso/groups_submitted": len(labels),
             "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),

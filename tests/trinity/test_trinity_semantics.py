@@ -126,9 +126,9 @@ def actor_name(ray_local):
 _HANDLES = []  # a non-detached actor dies with its last handle
 
 
-def _operator(name, policy):
+def _operator(name, policy, **args):
     _HANDLES.append(get_or_create_orchestrator(policy, IndexTaskSet.of_size(4), name=name, namespace="trinity-dso"))
-    return OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy)
+    return OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy, **args)
 
 
 def test_operator_drops_an_invalid_group_and_keeps_the_step(actor_name, ray_local):
@@ -156,6 +156,15 @@ def test_operator_stale_member_of_a_fresh_group_is_caught(actor_name, ray_local)
     out, _ = asyncio.run(op.process([texp(1, 0, 0, 1.0, index=0, version=5), texp(1, 0, 1, -1.0, index=0, version=2)]))
     stats = ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").get_stats.remote())
     assert out == [] and stats.dropped_by_reason["stale"] == 1
+
+
+def test_operator_frees_the_payload_of_a_carried_group_dropped_as_stale(actor_name, ray_local, tmp_path):
+    op = _operator(actor_name, {"target_groups": 2, "group_size": 2, "max_staleness": 1}, held_dir=str(tmp_path))
+    _, m1 = asyncio.run(op.process([texp(1, 0, 0, 1.0, index=0), texp(1, 0, 1, -1.0, index=0)]))
+    ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").set_model_version.remote(5))
+    _, m2 = asyncio.run(op.process([texp(2, 1, 0, 1.0, index=1, version=5), texp(2, 1, 1, -1.0, index=1, version=5)]))
+    assert m1["dso/groups_held"] == 1 and m2["dso/groups_held"] == 1  # the stale group's tensors are freed
+    assert [p.name for p in tmp_path.glob("*.bin")] == [f"{op.session}%3A2%2F1.bin"]
 
 
 def test_selector_signals_exhaustion_with_stop_iteration(actor_name, ray_local):
