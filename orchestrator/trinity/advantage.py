@@ -17,7 +17,7 @@ import itertools
 import logging
 import operator
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +44,10 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
+from orchestrator.trinity.fields import BATCH_TASK, EID, INFO, NO_INFO, first_appearance_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
-_NO_INFO: dict = {}
 
 
 # ---------------------------------------------------------------------------------- token write-back
@@ -135,9 +135,6 @@ _consume = collections.deque(maxlen=0).extend
 
 
 _ACTION_MASK = operator.attrgetter("action_mask")
-_EID = operator.attrgetter("eid")
-_INFO = operator.attrgetter("info")
-_BATCH_TASK = operator.attrgetter("batch", "task")
 
 
 def _address_order(exps: list) -> tuple[list, np.ndarray]:
@@ -171,25 +168,10 @@ def _relabel_by_first_row(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
     return new_of_old[codes], old_of_new
 
 
-def _first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:
-    """(N,) int64 code of each hashable key, numbered in order of first appearance, and the
-    distinct keys in that order.
-
-    One C-level pass (``map(dict.setdefault, keys, range(N))`` gives each row the row of its
-    key's first appearance), then those rows are numbered densely by their rank among the
-    first-appearance rows (a presence table over 0..N-1 and a cumulative sum, no sort).
-    """
-    first: dict = {}
-    rows = np.array(list(map(first.setdefault, keys, range(len(keys)))), dtype=np.int64)
-    present = np.zeros(len(keys), dtype=bool)
-    present[rows] = True
-    return (np.cumsum(present) - 1)[rows], list(first)
-
-
 def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
     """(N,) int64: each experience's group, Trinity's ``eid.tid`` (explore step, task), numbered
     in order of first appearance (Trinity's ``group_by`` order)."""
-    return _first_appearance_codes(list(map(_BATCH_TASK, map(_EID, exps))))[0]
+    return first_appearance_codes(list(map(BATCH_TASK, map(EID, exps))))[0]
 
 
 # ---------------------------------------------------------------------------------- GRPO
@@ -374,16 +356,16 @@ class StepRows:
         n = len(exps)
         xs, pos = order if order is not None else _address_order(exps)  # passes in memory order; columns put back below
         back = _inverse(pos)  # batch row i is xs[back[i]]
-        eids = list(map(_EID, xs))
-        infos = list(map(_INFO, xs))
+        eids = list(map(EID, xs))
+        infos = list(map(INFO, xs))
         if not all(infos):  # None or {}: read as an empty info
-            infos = [i or _NO_INFO for i in infos]
+            infos = [i or NO_INFO for i in infos]
         batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
         if n and batches.count(batches[0]) == n:  # one explore step (the usual case): groups are tasks
-            code, uniq = _first_appearance_codes(tasks)
+            code, uniq = first_appearance_codes(tasks)
             uniq = [(batches[0], t) for t in uniq]
         else:
-            code, uniq = _first_appearance_codes(list(zip(batches, tasks)))
+            code, uniq = first_appearance_codes(list(zip(batches, tasks)))
         group, old_of_new = _relabel_by_first_row(code[back], len(uniq))  # Trinity's group_by order
         group_keys = [uniq[k] for k in old_of_new.tolist()]
         run = np.array(runs, dtype=np.int64)[back]
@@ -410,13 +392,13 @@ class StepRows:
                 reward[terminal] = [0.0 if (x := exps[i].reward) is None else float(x) for i in terminal.tolist()]
         hashes, _ = _info_column(infos, env_state_hash_key, None)
         try:
-            raw, uniq = _first_appearance_codes(hashes)
+            raw, uniq = first_appearance_codes(hashes)
         except TypeError:  # an unhashable value (bytearray, list): make it hashable, refuse it below
             hashes = [
                 bytes(h) if isinstance(h, bytearray) else h if h is None or isinstance(h, (str, bytes)) else ("unhashable", k)
                 for k, h in enumerate(hashes)
             ]
-            raw, uniq = _first_appearance_codes(hashes)
+            raw, uniq = first_appearance_codes(hashes)
         raw = raw[back]
         names: dict[str, int] = {}
         remap = np.empty(len(uniq), dtype=np.int64)
@@ -870,7 +852,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
             rows = np.flatnonzero(in_batch[r.group])
             trajs = np.flatnonzero(in_batch[traj_group])
             if self._actor is not None:
-                version = max(int((exps[i].info or _NO_INFO).get("model_version", 0) or 0) for i in rows.tolist())
+                version = max(int((exps[i].info or NO_INFO).get("model_version", 0) or 0) for i in rows.tolist())
                 ray.get(self._actor.anchor_register.remote(bk, version))
                 ray.get(self._actor.anchor_register.remote(bk + EPISODE_SUFFIX, version))
             steps_receipt = index.insert_trajectories(bk, trajectory_records(

@@ -25,23 +25,9 @@ from orchestrator.trinity.attach import (
     new_session,
     trinity_task_id,
 )
+from orchestrator.trinity.fields import BATCH_TASK, EID, INFO, NO_INFO, RUN, STEP, first_appearance_codes
 
 log = logging.getLogger("trinity_dso.trinity")
-
-_EID = operator.attrgetter("eid")
-_INFO = operator.attrgetter("info")
-_RUN = operator.attrgetter("run")
-_STEP = operator.attrgetter("step")
-_BATCH_TASK = operator.attrgetter("batch", "task")
-_NO_INFO: dict = {}
-
-
-def _codes(keys: list) -> tuple[np.ndarray, list]:
-    """(N,) int64 code of each hashable key, numbered by first appearance, and the distinct keys."""
-    uniq = list(dict.fromkeys(keys))
-    code = dict(zip(uniq, range(len(uniq))))
-    return np.fromiter(map(code.__getitem__, keys), np.int64, len(keys)), uniq
-
 
 def _floats(values: list) -> np.ndarray:
     """(N,) float64 of numbers, NaN for None and for anything that is not a number."""
@@ -183,10 +169,10 @@ class OrchestratorOperator(ExperienceOperatorV1):
         num = len(exps)
         if not num:
             return None, {}, 0
-        eids = list(map(_EID, exps))
-        group, group_keys = _codes(list(map(_BATCH_TASK, eids)))
-        run = np.fromiter(map(_RUN, eids), np.int64, num)
-        step = np.fromiter(map(_STEP, eids), np.int64, num)
+        eids = list(map(EID, exps))
+        group, group_keys = first_appearance_codes(list(map(BATCH_TASK, eids)))
+        run = np.fromiter(map(RUN, eids), np.int64, num)
+        step = np.fromiter(map(STEP, eids), np.int64, num)
         lo = int(run.min())
         order = np.lexsort((step, run, group))  # by group, run, step (stable: ties keep their order)
         rollout_key = (group * (int(run.max()) - lo + 1) + (run - lo))[order]
@@ -195,7 +181,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         r_group = group[order[first]]
         sizes = np.bincount(r_group, minlength=len(group_keys))
         complete = sizes == n
-        infos = [i if i else _NO_INFO for i in map(_INFO, exps)]
+        infos = [i if i else NO_INFO for i in map(INFO, exps)]
         has_step = np.fromiter(map(operator.methodcaller("__contains__", "step_reward"), infos), bool, num)
         if has_step.any():  # multi-turn: per-step rewards add up to the rollout's
             step_r = np.fromiter((float(i.get("step_reward", 0.0)) for i in infos), np.float64, num)[order]
@@ -212,7 +198,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         name = "accuracy" if judge == "auto" else None if judge == "reward" else judge
         metrics = {}
         if name is not None:
-            metrics[name] = _floats([(exps[i].metrics or _NO_INFO).get(name) for i in last_list])
+            metrics[name] = _floats([(exps[i].metrics or NO_INFO).get(name) for i in last_list])
         keep = complete[r_group]  # rollouts of complete groups, grouped, runs ascending
         incomplete = int((~complete).sum())
         if not keep.any():
