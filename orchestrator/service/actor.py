@@ -502,6 +502,7 @@ class Orchestrator(AnchorLifecycle):
             _, errors = self.core.check_table(todo)
             if errors:
                 raise table_error(errors)
+
         def submit(_: int) -> list[Group]:  # one vectorised pass: the whole call is one round
             groups = self.core.submit_table(todo, on_invalid)
             for g, row in zip(groups, fresh):
