@@ -1071,7 +1071,12 @@ class OrchestratorCore:
         self.dropped_task_ids = list(state["dropped_task_ids"])
 
         def held(items: list) -> list[Group]:
-            return [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
+            out = [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
+            for g in out:  # saved before groups had member columns: judge their rollouts again
+                if g.rewards is None and g.rollouts:
+                    values, valid, _ = self._judge_rows(g)
+                    self._fill_columns(g, values, valid)
+            return out
 
         self.carry = held(state["carry"])
         self.candidates = held(state["candidates"])

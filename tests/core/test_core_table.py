@@ -134,3 +134,15 @@ def test_table_route_decides_as_the_list_route(rows, extra):
 
     assert batches(a) == batches(b)
     assert a.stats() == b.stats()
+
+
+def test_held_groups_saved_without_member_columns_are_judged_again_on_load():
+    c = core(target_groups=3)
+    c.submit([Group("t0", [Experience(ExperienceId("t0", r), reward=x) for r, x in enumerate([1.0, -1.0])])])
+    state = c.state_dict()
+    for name in ("rewards", "values", "valid", "versions"):  # as a checkpoint written before the columns
+        del state["carry"][0][name]
+    restored = core(target_groups=3)
+    restored.load_state_dict(state)
+    g = restored.carry[0]
+    assert g.rewards.tolist() == [1.0, -1.0] and g.valid.tolist() == [True, True] and g.size == 2
