@@ -1073,7 +1073,7 @@ class OrchestratorCore:
         def held(items: list) -> list[Group]:
             out = [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
             for g in out:  # saved before groups had member columns: judge their rollouts again
-                if g.rewards is None and g.rollouts:
+                if isinstance(g, Group) and g.rewards is None and g.rollouts:
                     values, valid, _ = self._judge_rows(g)
                     self._fill_columns(g, values, valid)
             return out
