@@ -104,16 +104,66 @@ class Group:
 
     def __reduce__(self) -> tuple:
         # a flat tuple with the columns as bytes: pickles several times faster than the
-        # dataclass with its arrays (the state store and Ray pickle every held / released group)
+        # dataclass with its arrays (lists of groups go as columns: see pack_groups)
         cols = tuple(None if c is None else (c.dtype.str, c.tobytes()) for c in (self.rewards, self.values, self.valid, self.versions))
-        fields = (self.task_id, self.rollouts, self.model_version, self.purpose, self.round, self.reason, self.padding,
-                  self.key, self.ref, self.size)
-        return _unpickle_group, (fields, cols)
+        return _unpickle_group, (self._fields(), cols)
+
+    def _fields(self) -> tuple:
+        return (self.task_id, self.rollouts, self.model_version, self.purpose, self.round, self.reason, self.padding,
+                self.key, self.ref, self.size)
+
+
+_COLUMNS = ("rewards", "values", "valid", "versions")
 
 
 def _unpickle_group(fields: tuple, cols: tuple) -> Group:
     """:meth:`Group.__reduce__` undone (columns come back read-only: the core replaces, never edits, them)."""
     return Group(*fields, *(None if c is None else np.frombuffer(c[1], dtype=c[0]) for c in cols))
+
+
+def pack_groups(groups: list[Group]) -> tuple:
+    """Groups as columns, to pickle (the state store's held groups, a :class:`Batch` over Ray).
+
+    Each scalar field becomes one list and each member column one (G, n) array when every
+    group has it with the same shape and dtype (else a list of the groups' own): a list of 256
+    groups pickles in one pass over a few objects, not 256 reductions. Integer columns travel
+    as int32 when that is lossless, and ``values`` not at all when it equals ``rewards`` (NaN
+    included), so that a batch of 256 groups of 16 stays under Ray's 100 KiB inline limit.
+    See :func:`unpack_groups`.
+    """
+    if not groups:
+        return (), ()
+    fields = tuple(map(list, zip(*(g._fields() for g in groups))))
+    stacked = {name: _stack([getattr(g, name) for g in groups]) for name in _COLUMNS}
+    cols = []
+    for name, col in stacked.items():
+        if not isinstance(col, np.ndarray):
+            cols.append(col)
+        elif name == "values" and isinstance(stacked["rewards"], np.ndarray) and col.dtype == stacked["rewards"].dtype \
+                and np.array_equal(col, stacked["rewards"], equal_nan=True):
+            cols.append("rewards")
+        elif col.dtype.kind == "i" and col.dtype != np.int32 and (col.size == 0 or (col.min() >= -(2**31) and col.max() < 2**31)):
+            cols.append((col.dtype.str, col.astype(np.int32)))
+        else:
+            cols.append(col)
+    return fields, tuple(cols)
+
+
+def _stack(col: list) -> np.ndarray | list:
+    """(G, ...) array of equal-shape, equal-dtype arrays; else the list as it is."""
+    if any(c is None for c in col) or len({c.dtype for c in col}) != 1 or len({c.shape for c in col}) != 1 or not col[0].ndim:
+        return col
+    return np.concatenate(col).reshape((len(col), *col[0].shape))
+
+
+def unpack_groups(packed: tuple) -> list[Group]:
+    """:func:`pack_groups` undone: equal groups, dtypes included (stacked columns come back as row views)."""
+    fields, cols = packed
+    if not fields:
+        return []
+    rewards = cols[0]
+    cols = [rewards.copy() if isinstance(c, str) else c[1].astype(c[0]) if isinstance(c, tuple) else c for c in cols]
+    return [Group(*f, *c) for f, c in zip(zip(*fields), zip(*(list(c) for c in cols)))]
 
 
 @dataclass
@@ -231,6 +281,15 @@ class Batch:
     @property
     def num_padding(self) -> int:
         return sum(g.padding for g in self.groups)
+
+    def __reduce__(self) -> tuple:
+        # the groups as columns (pack_groups): a batch of 256 groups pickles several times faster
+        return _unpickle_batch, (self.batch_id, pack_groups(self.groups), self.partial, self.rounds, self.model_version,
+                                 self.fill_seconds)
+
+
+def _unpickle_batch(batch_id: int, groups: tuple, *rest: Any) -> Batch:
+    return Batch(batch_id, unpack_groups(groups), *rest)
 
 
 class UnknownTaskError(KeyError, ValueError):

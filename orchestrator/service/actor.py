@@ -333,11 +333,22 @@ class Orchestrator(AnchorLifecycle):
         self._observe(batch)
 
     def _hand_out(self) -> Batch | None:
+        """Take the oldest ready batch; the caller returns it once the hand-out is committed
+        (:meth:`_handed_out`, outside the lock: concurrent calls share commits)."""
         if not self.ready:
             return None
         batch = self.ready.pop(0)
         self._handed.append(batch.batch_id)
-        self._checkpoint()
+        self._tick += 1
+        return batch
+
+    async def _handed_out(self, batch: Batch | None) -> Batch | None:
+        """``batch`` once everything changed before it (its hand-out included) is committed.
+
+        Raises:
+            RuntimeError: the commit failed (the batch is ready again, see :meth:`_rollback`).
+        """
+        await self._durable(self._tick)
         return batch
 
     # ------------------------------------------------------------- batches
@@ -355,24 +366,26 @@ class Orchestrator(AnchorLifecycle):
         self._start_watch()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            out = None
             async with self._lock:
                 if not self.ready and (batch := self.core.try_emit()) is not None:
                     self._finish(batch)
                 if self.ready:
-                    return self._hand_out()
-                if self.rollout_source is None:
+                    out = self._hand_out()
+                elif self.rollout_source is None:
                     raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
-                if self.core.cap_reached():
+                elif self.core.cap_reached():
                     self._finish(self.core.close_at_cap())
-                    return self._hand_out()
-                blocked = self.core.replenish_blocked()
-                if not blocked and self.core.exhausted():
-                    return self._finish_batch()
-                if not blocked:
+                    out = self._hand_out()
+                elif not (blocked := self.core.replenish_blocked()) and self.core.exhausted():
+                    out = self._finish_batch()
+                elif not blocked:
                     if self._batch_started is None:
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
+            if out is not None:
+                return await self._handed_out(out)
             if blocked:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -423,6 +436,31 @@ class Orchestrator(AnchorLifecycle):
             mine = self._tick
         await self._durable(mine)  # outside the lock: concurrent submits share commits
         return labels
+
+    async def submit_and_pop(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> tuple[Any, list[Batch]]:
+        """:meth:`submit_groups`, then every ready batch (what :meth:`pop_batch` returns until None),
+        in one call and one commit: the Trinity operator's call, one round trip per explore step.
+
+        Returns ``(labels, batches)``: the labels as :meth:`submit_groups` returns them, and the
+        ready batches, oldest first (the batches emitted before this call included).
+        Like :meth:`pop_batch` (and unlike :meth:`submit_groups`) it is not retried when the
+        actor dies: a call that fails after its commit has handed its batches out (see the
+        README's "Durability").
+        Raises:
+            see :meth:`submit_groups` (nothing is accepted or handed out).
+        """
+        self._start_watch()
+        async with self._lock:
+            if isinstance(groups, GroupTable):
+                labels = await self._submit_table(groups, on_invalid)
+            else:
+                labels = await self._submit(groups, on_invalid)
+            batches = []
+            while (batch := self._hand_out()) is not None:
+                batches.append(batch)
+            mine = self._tick
+        await self._durable(mine)
+        return labels, batches
 
     @staticmethod
     def _slices(items: list, rollouts: Any) -> list[list]:
@@ -577,7 +615,8 @@ class Orchestrator(AnchorLifecycle):
         The hand-out is committed before the batch is returned: a batch is handed out once.
         """
         async with self._lock:
-            return self._hand_out()
+            batch = self._hand_out()
+        return await self._handed_out(batch)
 
     def exhausted(self) -> bool:
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
@@ -593,7 +632,8 @@ class Orchestrator(AnchorLifecycle):
             ReplenishCapError: ``on_cap='raise'`` and the kept groups are short of a batch.
         """
         async with self._lock:
-            return self._finish_batch()
+            batch = self._finish_batch()
+        return await self._handed_out(batch)
 
     def _finish_batch(self) -> Batch:
         if not self.ready:
@@ -616,7 +656,8 @@ class Orchestrator(AnchorLifecycle):
         async with self._lock:
             if not self.ready:
                 self._finish(self.core.close_at_cap())
-            return self._hand_out()
+            batch = self._hand_out()
+        return await self._handed_out(batch)
 
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector)."""

@@ -2,15 +2,20 @@
 
 What the file holds (tables):
 
-* ``dso_state``: the core's small state (:meth:`OrchestratorCore.state` with
-  ``payloads=False``: counters, task order, policy, and the *keys* of the held groups) plus
-  the anchor index's tracked batches, with a sequence number (pickled);
+* ``dso_state``: the sequence number of the last commit;
+* ``dso_parts``: the small state (:meth:`OrchestratorCore.state` with ``payloads=False``:
+  counters, task order, policy, and the *keys* of the held groups, plus the anchor index's
+  tracked batches), one row per top-level entry (pickled), written when it changed (the task
+  ids, for one, are written once);
 * ``dso_columns`` / ``dso_column_changes``: the state's per-task columns ((T,) numpy arrays such
   as ``history.mean``), each written whole once, then as the rows that changed in each commit;
   a column is written whole again once its changes add up to its length;
-* ``dso_groups``: one row per group ever accepted (its key and filter label, so a retried
-  submit is answered, not counted again), with the group itself (pickled) while it is held;
-  written once when accepted, its payload cleared when the group leaves the held set;
+* ``dso_log``: one row per commit that accepted groups: the keys and filter labels of the
+  groups it accepted (every key ever accepted stays, so a retried submit is answered, not
+  counted again), and the groups that became held by it (one pickle for all of them), cleared
+  once none of them is held any more. A commit writes one row, whatever its number of groups;
+* ``dso_groups``: the same per group, one row each (files of earlier versions; read on load,
+  payloads cleared on release, never written otherwise);
 * ``dso_ready``: batches emitted but not yet handed to a caller (``pop_batch``);
 * with a :class:`~orchestrator.service.sink.SQLiteSink` on the same file, the sink's
   ``batches`` / ``experiences`` tables.
@@ -28,14 +33,14 @@ from __future__ import annotations
 import json
 import pickle
 import sqlite3
-from collections.abc import Iterable
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from orchestrator.core.types import Batch, Group
+from orchestrator.core.types import Batch, Group, pack_groups, unpack_groups
 from orchestrator.service.sink import SQLiteSink
 
 _SCHEMA = """
@@ -48,6 +53,15 @@ CREATE TABLE IF NOT EXISTS dso_groups (
     key TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
     payload BLOB
+);
+CREATE TABLE IF NOT EXISTS dso_parts (
+    name TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dso_log (
+    seq INTEGER PRIMARY KEY,
+    seen BLOB,
+    held BLOB
 );
 CREATE TABLE IF NOT EXISTS dso_ready (
     batch_id INTEGER PRIMARY KEY,
@@ -79,7 +93,8 @@ class Saved:
         seq: number of commits so far.
         state: the last committed state (a JSON-safe dict, stored pickled: its per-task arrays
             make JSON text the largest cost of a commit).
-        groups: the held groups by key.
+        groups: the held groups by key (with, after a crash, groups released by commits whose
+            held-row still holds others: the state's held keys say which are held).
         seen: filter label of every group key ever accepted.
         ready: batches emitted and not handed out, oldest first.
     """
@@ -146,7 +161,11 @@ class StateStore:
             ) from None
         self.seq = 0
         self._columns: dict[str, np.ndarray] = {}  # each column as last committed
+        self._parts: dict[str, Any] = {}  # each top-level entry of the small state as last committed
         self._changed: dict[str, int] = {}  # rows written as changes since its last whole write
+        self._chunk_of: dict[str, int] = {}  # held group key -> the dso_log row holding its payload
+        self._live: dict[int, int] = {}  # dso_log row -> its groups not yet released
+        self._legacy: set[str] = set()  # held group keys whose payload is in dso_groups (older files)
 
     def __getstate__(self) -> dict:
         raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
@@ -157,7 +176,10 @@ class StateStore:
         if row is None:
             return None
         self.seq = int(row[0])
-        state = pickle.loads(row[1]) if isinstance(row[1], bytes) else json.loads(row[1])  # JSON: older files
+        state = pickle.loads(row[1]) if isinstance(row[1], bytes) else json.loads(row[1])  # older files: all of it
+        parts = self._db.execute("SELECT name, value FROM dso_parts").fetchall()
+        state.update((name, pickle.loads(value)) for name, value in parts)
+        self._parts = {name: pickle.loads(value) for name, value in parts}  # copies: the caller may keep the state's
         columns = {name: np.frombuffer(base, dtype=dtype).copy()
                    for name, dtype, base in self._db.execute("SELECT name, dtype, base FROM dso_columns")}
         changed = dict.fromkeys(columns, 0)
@@ -174,20 +196,39 @@ class StateStore:
             seen[key] = reason
             if payload is not None:
                 groups[key] = pickle.loads(payload)
+        self._legacy = set(groups)
+        self._chunk_of, self._live = {}, {}
+        for seq, keys, held in self._db.execute("SELECT seq, seen, held FROM dso_log ORDER BY seq"):
+            if keys is not None:
+                seen.update(zip(*pickle.loads(keys)))
+            for g in unpack_groups(pickle.loads(held)) if held is not None else ():
+                groups[g.key] = g
+                self._chunk_of[g.key] = seq
+                self._live[seq] = self._live.get(seq, 0) + 1
         ready = [pickle.loads(p) for (p,) in self._db.execute("SELECT payload FROM dso_ready ORDER BY batch_id")]
         return Saved(self.seq, state, groups, seen, ready)
 
     def commit(self, change: Change) -> int:
         """Write one change atomically; returns the new sequence number.
 
+        The groups accepted and held by the change go into one ``dso_log`` row; a released
+        group only counts down its row's live groups, and the row's payload is cleared when
+        that reaches 0.
+
         Raises:
             sqlite3.Error (e.g. ``IntegrityError`` for a batch id already in the sink): nothing
             of the change is written.
         """
         db = self._db
+        seq = self.seq + 1
         handed = set(change.handed)
+        dump = lambda x: pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)  # noqa: E731
         small, columns = _split(change.state)
         whole, rows = self._column_writes(columns)
+        parts = {k: dump(v) for k, v in small.items() if not _same(self._parts.get(k, _same), v)}
+        freed = Counter(self._chunk_of[k] for k in change.release if k in self._chunk_of)
+        cleared = [s for s, n in freed.items() if self._live[s] == n]
+        legacy = [k for k in change.release if k in self._legacy]
         with db:
             db.execute("BEGIN IMMEDIATE")
             for name in whole:
@@ -195,31 +236,44 @@ class StateStore:
                            (name, columns[name].dtype.str, columns[name].tobytes()))
                 db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
             db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
-                           ((self.seq + 1, name, idx.tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
-            db.executemany("INSERT OR IGNORE INTO dso_groups (key, reason) VALUES (?, ?)", change.seen.items())
-            db.executemany(
-                "UPDATE dso_groups SET payload = ? WHERE key = ?",
-                ((pickle.dumps(g, protocol=pickle.HIGHEST_PROTOCOL), g.key) for g in change.hold),
-            )
-            db.executemany("UPDATE dso_groups SET payload = NULL WHERE key = ?", ((k,) for k in change.release))
+                           ((seq, name, idx.tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
+            if change.seen or change.hold:
+                db.execute("INSERT INTO dso_log VALUES (?, ?, ?)", (
+                    seq, dump((list(change.seen), list(change.seen.values()))) if change.seen else None,
+                    dump(pack_groups(change.hold)) if change.hold else None,
+                ))
+            db.executemany("UPDATE dso_log SET held = NULL WHERE seq = ?", ((s,) for s in cleared))
+            db.executemany("UPDATE dso_groups SET payload = NULL WHERE key = ?", ((k,) for k in legacy))
             for batch in change.batches:
                 if self.sink is not None:
                     self.sink.insert(db, batch)
                 if batch.batch_id not in handed:
-                    db.execute("INSERT INTO dso_ready VALUES (?, ?)",
-                               (batch.batch_id, pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
+                    db.execute("INSERT INTO dso_ready VALUES (?, ?)", (batch.batch_id, dump(batch)))
             db.executemany("DELETE FROM dso_ready WHERE batch_id = ?", ((b,) for b in handed))
+            db.executemany("INSERT OR REPLACE INTO dso_parts VALUES (?, ?)", parts.items())
             db.execute(
                 "INSERT INTO dso_state (id, seq, state) VALUES (0, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, state = excluded.state",
-                (self.seq + 1, pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL)),
+                (seq, dump({})),
             )
-        self.seq += 1
+        self.seq = seq
+        self._parts.update((k, pickle.loads(v)) for k, v in parts.items())  # copies, not the caller's objects
         self._columns.update(columns)
         for name in whole:
             self._changed[name] = 0
         for name, idx in rows.items():
             self._changed[name] += idx.size
+        for k in change.release:
+            self._chunk_of.pop(k, None)
+        self._legacy.difference_update(legacy)
+        for s, n in freed.items():
+            self._live[s] -= n
+        for s in cleared:
+            del self._live[s]
+        for g in change.hold:
+            self._chunk_of[g.key] = seq
+        if change.hold:
+            self._live[seq] = len(change.hold)
         if change.batches and self.sink is not None:
             self.sink.wal_checkpoint()
         return self.seq
@@ -241,18 +295,17 @@ class StateStore:
                 rows[name] = idx
         return whole, rows
 
-    def seen_keys(self, keys: Iterable[str]) -> dict[str, str]:
-        """Filter labels of those ``keys`` already accepted."""
-        out = {}
-        for k in keys:
-            row = self._db.execute("SELECT reason FROM dso_groups WHERE key = ?", (k,)).fetchone()
-            if row is not None:
-                out[k] = row[0]
-        return out
-
     def close(self) -> None:
         if self.sink is None:
             self._db.close()
+
+
+def _same(old: Any, new: Any) -> bool:
+    """``old == new`` as a plain truth value (False where the comparison is not one)."""
+    try:
+        return bool(old == new)
+    except Exception:  # e.g. an array inside: write it
+        return False
 
 
 def _split(state: Any, path: str = "") -> tuple[Any, dict[str, np.ndarray]]:

@@ -56,8 +56,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
     group the orchestrator cannot use (e.g. a ``None`` reward under ``group_validity="reject"``)
     is dropped with reason ``invalid``, counted (``dso/groups_invalid``) and logged by the
     actor, and the other groups of the step go on. Every batch the actor then releases
-    (``pop_batch`` until empty) is expanded back to its Trinity experiences (all steps), in
-    group order, runs and steps ascending, and returned (:meth:`expand`). Groups released as
+    (``submit_and_pop`` returns them with the labels: one call per step) is expanded back to
+    its Trinity experiences (all steps), in group order, runs and steps ascending, and returned (:meth:`expand`). Groups released as
     padding (``on_cap="pad"``) and masked members get an all-zero ``action_mask`` (zero loss
     weight) and ``info["dso_padding"]`` / ``info["dso_masked"] = True``. Every released
     experience carries ``info["dso_batch_id"]`` and ``info["dso_reason"]``.
@@ -263,15 +263,16 @@ class OrchestratorOperator(ExperienceOperatorV1):
         # the live policy (a REST change of the cap or filter applies from this step on)
         self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
         table, payload, incomplete = self.to_table(exps)
-        labels = np.array([], dtype=str)
         if table is not None:
             self._hold(payload)  # on disk before the actor holds the groups
-            labels = await actor.submit_groups.remote(table, on_invalid="drop")
             self._rounds_open += 1
+        # one call: the groups in, every ready batch out (an empty submit only collects)
+        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop")
+        labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0
         padded = 0
-        while (batch := await actor.pop_batch.remote()) is not None:
+        for batch in ready:
             released.extend(self.expand(batch))
             batches += 1
             padded += batch.num_padding

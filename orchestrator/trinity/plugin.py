@@ -21,8 +21,8 @@ How a Trinity run uses them::
 
     explorer --(selector.get_indices)--> actor.plan_round / select_tasks --> task indices
     explorer --rollouts--> experience pipeline: OrchestratorOperator.process(exps)
-        - one summary per (task, run) -> actor.submit_groups -> keep / drop / carry over
-        - actor.pop_batch until empty -> the Trinity experiences of each released batch
+        - the step's complete groups as one GroupTable -> actor.submit_and_pop -> keep / drop /
+          carry over, and every released batch back -> the Trinity experiences of each
     --> advantage fn (dso_grpo / dso_gigpo / dso_gigpo_index) --> Trinity queue --> trainer
 
 Task identity: Trinity's ``eid.task`` is a position within an explore step, so the stable task

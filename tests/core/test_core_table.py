@@ -1,6 +1,7 @@
 """Groups submitted as columns (``GroupTable``, the Trinity route) against the list route."""
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -10,7 +11,16 @@ from hypothesis import strategies as st
 from algos.dapo import InvalidGroupError
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.types import Experience, ExperienceId, Group, GroupTable, UnknownTaskError
+from orchestrator.core.types import (
+    Batch,
+    Experience,
+    ExperienceId,
+    Group,
+    GroupTable,
+    UnknownTaskError,
+    pack_groups,
+    unpack_groups,
+)
 
 TASKS = [f"t{i}" for i in range(8)]
 
@@ -146,3 +156,39 @@ def test_held_groups_saved_without_member_columns_are_judged_again_on_load():
     restored.load_state_dict(state)
     g = restored.carry[0]
     assert g.rewards.tolist() == [1.0, -1.0] and g.valid.tolist() == [True, True] and g.size == 2
+
+
+def same_group(a: Group, b: Group) -> bool:
+    cols = ("rewards", "values", "valid", "versions")
+    return a._fields() == b._fields() and all(
+        (x is None and y is None) or (x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True))
+        for x, y in ((getattr(a, c), getattr(b, c)) for c in cols)
+    )
+
+
+def test_packed_groups_come_back_equal_dtypes_included():
+    c = core(group_size=3, group_validity="mask", min_valid_group_size=2)
+    rewards, accuracy = [[0.9, math.nan, 0.1], [0.2, 0.8, 0.7]], [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    groups, _ = c.check_table(table(["t0", "t1"], rewards, versions=[[3, 2**40, 1], [0, 1, 2]], accuracy=accuracy))
+    assert groups[1].values.tolist() == [0.0, 1.0, 1.0] and math.isnan(groups[0].values[1])  # judged on accuracy, masked
+    assert groups[0].versions.dtype == np.int64
+    back = pickle.loads(pickle.dumps(pack_groups(groups)))
+    assert all(same_group(a, b) for a, b in zip(groups, unpack_groups(back), strict=True))
+
+
+def test_packed_groups_of_mixed_widths_and_missing_columns_come_back_equal():
+    groups = [Group("t0", size=2, rewards=np.array([1.0, 0.0]), versions=np.array([1, 2])),
+              Group("t1", size=3, rewards=np.array([1.0, 0.0, 1.0]), versions=np.array([1, 2, 3], dtype=np.int32)),
+              Group("t2", reason="informative", key="k")]
+    back = unpack_groups(pickle.loads(pickle.dumps(pack_groups(groups))))
+    assert all(same_group(a, b) for a, b in zip(groups, back, strict=True)) and unpack_groups(pack_groups([])) == []
+
+
+def test_a_batch_of_256_groups_of_16_pickles_under_rays_inline_limit():
+    rng = np.random.default_rng(0)
+    tasks = [f"t{i % 8}" for i in range(256)]
+    groups, _ = core(group_size=16).check_table(table(tasks, rng.choice([-1.0, 1.0], size=(256, 16))))
+    batch = Batch(0, groups)
+    blob = pickle.dumps(batch)
+    back = pickle.loads(blob)
+    assert len(blob) < 100 * 1024 and all(same_group(a, b) for a, b in zip(groups, back.groups, strict=True))

@@ -75,17 +75,41 @@ def test_state_holds_ids_not_payloads(tmp_path):
     o = orch(tmp_path)
     run(o.submit_groups([group("t0", tokens=range(20_000))]))
     db = sqlite3.connect(tmp_path / "run.db")
-    (blob,) = db.execute("SELECT state FROM dso_state").fetchone()
-    assert pickle.loads(blob)["carry"] == ["t0\x1fr0\x1f0,1"] and len(blob) < 5_000
-    (payload,) = db.execute("SELECT payload FROM dso_groups").fetchone()
-    assert len(payload) > 20_000 * 2  # the tokens live in the groups table, written once
+    parts = dict(db.execute("SELECT name, value FROM dso_parts"))
+    assert pickle.loads(parts["carry"]) == ["t0\x1fr0\x1f0,1"] and sum(map(len, parts.values())) < 5_000
+    (held,) = db.execute("SELECT held FROM dso_log").fetchone()
+    assert len(held) > 20_000 * 2  # the tokens live in the log row of the commit that accepted the group
+
+
+def test_one_log_row_per_commit_whatever_its_groups(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t, WRONG) for t in TASKS[:6]]))  # 6 groups, 2 kept as padding candidates
+    rows = sqlite3.connect(tmp_path / "run.db").execute("SELECT seen, held FROM dso_log").fetchall()
+    assert len(rows) == 1
+    keys, labels = pickle.loads(rows[0][0])
+    assert keys == [f"t{i}\x1fr0\x1f0,1" for i in range(6)] and labels == ["all_wrong"] * 6
 
 
 def test_emitted_groups_payload_released(tmp_path):
     o = orch(tmp_path)
     run(o.submit_groups([group("t0", tokens=range(50)), group("t1", tokens=range(50))]))
-    rows = sqlite3.connect(tmp_path / "run.db").execute("SELECT key, reason, payload IS NULL FROM dso_groups").fetchall()
-    assert sorted(rows) == [("t0\x1fr0\x1f0,1", "informative", 1), ("t1\x1fr0\x1f0,1", "informative", 1)]
+    rows = sqlite3.connect(tmp_path / "run.db").execute("SELECT seen, held IS NULL FROM dso_log").fetchall()
+    assert [(sorted(zip(*pickle.loads(seen))), cleared) for seen, cleared in rows] == [
+        ([("t0\x1fr0\x1f0,1", "informative"), ("t1\x1fr0\x1f0,1", "informative")], 1)
+    ]
+
+
+def test_a_log_row_keeps_its_payload_until_its_last_group_leaves(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t) for t in TASKS[:3]]))  # one batch of 2 out, t2 carried: its row stays
+    db = sqlite3.connect(tmp_path / "run.db")
+    assert db.execute("SELECT held IS NULL FROM dso_log").fetchall() == [(0,)]
+    o2 = orch(tmp_path)  # the row still holds t0 and t1, emitted: only t2 is held again
+    assert [g.task_id for g in o2.core.held_groups()] == ["t2"]
+    run(o2.submit_groups([group("t3")]))  # t2 leaves in the next batch: the row is cleared
+    assert db.execute("SELECT held IS NULL FROM dso_log ORDER BY seq").fetchall() == [(1,), (1,)]
+    assert [g.task_id for g in run(o2.pop_batch()).groups] == ["t0", "t1"]
+    assert [g.task_id for g in run(o2.pop_batch()).groups] == ["t2", "t3"]
 
 
 def test_rejected_submit_changes_nothing_on_disk(tmp_path):
@@ -164,3 +188,22 @@ def test_concurrent_submits_are_committed_when_they_return_and_share_commits(tmp
     assert run(eight()) == [["all_wrong"]] * 8
     assert orch(tmp_path).get_stats().groups_submitted == 8  # every acknowledged submit is on disk
     assert o.store.seq < 8  # submits made while a commit was written waited for one shared commit
+
+
+def test_submit_and_pop_returns_the_labels_and_every_ready_batch_committed(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t) for t in TASKS[:2]]))  # batch 0 ready, not handed out
+    labels, batches = run(o.submit_and_pop([group(t) for t in TASKS[2:7]] + [group("t7", WRONG)]))
+    assert labels == ["informative"] * 5 + ["all_wrong"]
+    assert [(b.batch_id, [g.task_id for g in b.groups]) for b in batches] == [(0, ["t0", "t1"]), (1, ["t2", "t3"]), (2, ["t4", "t5"])]
+    o2 = orch(tmp_path)  # the hand-outs were committed with the groups
+    assert run(o2.pop_batch()) is None and [g.task_id for g in o2.core.carry] == ["t6"]
+
+
+def test_rejected_submit_and_pop_hands_nothing_out(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t) for t in TASKS[:2]]))
+    bad = group("t3", [1.0, float("nan")])
+    with pytest.raises(InvalidGroupError, match=r"reward: non-finite value nan in run 1 of task 't3'"):
+        run(o.submit_and_pop([group("t2"), bad]))
+    assert run(orch(tmp_path).pop_batch()).batch_id == 0
