@@ -736,10 +736,10 @@ class OrchestratorCore:
     def _accept(self, groups: list[Group]) -> None:
         """Classify checked groups on their member columns and hold them (carry pool or candidates)."""
         f = self.policy.filter
-        values = np.stack([g.values for g in groups])
-        valid = np.stack([g.valid for g in groups])
-        rewards = np.where(valid, np.stack([g.rewards for g in groups]), 0.0)
-        all_versions = np.stack([g.versions for g in groups])
+        rows = lambda name: np.concatenate([getattr(g, name) for g in groups]).reshape(len(groups), -1)  # noqa: E731
+        values, valid = rows("values"), rows("valid")  # (G, n) each: every column is by run
+        rewards = np.where(valid, rows("rewards"), 0.0)
+        all_versions = rows("versions")
         for g in groups:
             for r in g.rollouts:
                 if not g.valid[r.eid.run] and not r.info.get("dso_masked"):

@@ -240,7 +240,11 @@ class GroupTable:
 
     def keys(self) -> list[str]:
         """:func:`group_key` of each row (runs sorted), without building the groups."""
-        runs = [",".join(map(str, r)) for r in np.sort(self.runs, axis=1).tolist()]
+        ordered = np.sort(self.runs, axis=1)
+        if len(ordered) and (ordered == ordered[:1]).all():  # the usual case: every row has runs 0..n-1
+            runs = [",".join(map(str, ordered[0].tolist()))] * len(ordered)
+        else:
+            runs = [",".join(map(str, r)) for r in ordered.tolist()]
         return [f"{t}\x1f{tag}\x1f{r}" if tag else None for t, tag, r in zip(self.task_ids, self.round_tags, runs)]
 
 
