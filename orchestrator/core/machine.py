@@ -865,7 +865,8 @@ class OrchestratorCore:
         c["rollouts_wasted"] += sum(g.size for g in padding)
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
-        trained = [x for g in groups for x in g.rewards[g.valid].tolist()]
+        trained = (np.concatenate([g.rewards for g in groups])[np.concatenate([g.valid for g in groups])].tolist()
+                   if groups else [])  # in group then run order: the same sum as group by group
         c["reward_sum_trained"] += float(sum(trained))
         c["reward_count_trained"] += len(trained)
         w = self.window
