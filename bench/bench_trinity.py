@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import gc
 import math
 import os
 import time
@@ -97,8 +98,9 @@ def bench_gigpo(args) -> None:
     """Trinity's ``gigpo``, ``dso_gigpo`` and ``dso_gigpo_index`` interleaved (one call of each
     per round, best of ``--repeats`` rounds), so that a change of the machine's load between
     variants does not bias the ratios. Before each timed call (untimed) every experience's
-    ``advantages`` and ``returns`` are reset to None, as they arrive in Trinity's pipeline: no
-    variant pays for freeing the previous variant's tensors."""
+    ``advantages`` and ``returns`` are reset to None, as they arrive in Trinity's pipeline, and
+    a full garbage collection runs: no variant pays for freeing the previous variant's tensors
+    or for a collection that the previous variant made due."""
     exps = agent_batch(args.tasks, args.runs, args.steps)
     theirs = GiGPOAdvantageFn(gamma=0.95, fnorm="std")
     ours = DsoGiGPOAdvantageFn()
@@ -121,6 +123,7 @@ def bench_gigpo(args) -> None:
                 for e in exps:
                     e.eid.batch = b
                     e.advantages = e.returns = None
+                gc.collect()  # each variant starts with no collection due (and none of the last one's garbage)
                 t0 = time.perf_counter()
                 out, _ = fn()
                 best[v] = min(best[v], time.perf_counter() - t0)
