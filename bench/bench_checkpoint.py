@@ -80,7 +80,7 @@ def main() -> None:
                 asyncio.run(o.submit_groups(one))
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
-            state_kb = len(o.store._db.execute("SELECT state FROM dso_state").fetchone()[0]) / 1024
+            state_kb = o.store._db.execute("SELECT SUM(LENGTH(value)) FROM dso_parts").fetchone()[0] / 1024
             ref = ref_mb = None
             if held <= args.reference_up_to:
                 c0 = time.process_time()
