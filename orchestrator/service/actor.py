@@ -427,15 +427,7 @@ class Orchestrator(AnchorLifecycle):
             InvalidGroupError, UnknownTaskError: under ``"raise"``, nothing is accepted (see
                 ``OrchestratorCore.submit``).
         """
-        self._start_watch()
-        async with self._lock:
-            if isinstance(groups, GroupTable):
-                labels = await self._submit_table(groups, on_invalid)
-            else:
-                labels = await self._submit(groups, on_invalid)
-            mine = self._tick
-        await self._durable(mine)  # outside the lock: concurrent submits share commits
-        return labels
+        return (await self._submit_call(groups, on_invalid, pop=False))[0]
 
     async def submit_and_pop(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> tuple[Any, list[Batch]]:
         """:meth:`submit_groups`, then every ready batch (what :meth:`pop_batch` returns until None),
@@ -449,6 +441,11 @@ class Orchestrator(AnchorLifecycle):
         Raises:
             see :meth:`submit_groups` (nothing is accepted or handed out).
         """
+        return await self._submit_call(groups, on_invalid, pop=True)
+
+    async def _submit_call(self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool) -> tuple[Any, list[Batch]]:
+        """Submit a list or a table and, with ``pop``, take every ready batch; return the labels
+        and the batches once a commit covers them (outside the lock: concurrent calls share it)."""
         self._start_watch()
         async with self._lock:
             if isinstance(groups, GroupTable):
@@ -456,7 +453,7 @@ class Orchestrator(AnchorLifecycle):
             else:
                 labels = await self._submit(groups, on_invalid)
             batches = []
-            while (batch := self._hand_out()) is not None:
+            while pop and (batch := self._hand_out()) is not None:
                 batches.append(batch)
             mine = self._tick
         await self._durable(mine)
