@@ -44,7 +44,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
-from orchestrator.trinity.fields import BATCH_TASK, EID, INFO, NO_INFO, first_appearance_codes
+from orchestrator.trinity.fields import BATCH, EID, INFO, NO_INFO, TASK, first_appearance_codes, tid_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -173,7 +173,8 @@ def _relabel_by_first_row(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.nda
 def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
     """(N,) int64: each experience's group, Trinity's ``eid.tid`` (explore step, task), numbered
     in order of first appearance (Trinity's ``group_by`` order)."""
-    return first_appearance_codes(list(map(BATCH_TASK, map(EID, exps))))[0]
+    eids = list(map(EID, exps))
+    return tid_codes(list(map(BATCH, eids)), list(map(TASK, eids)))[0]
 
 
 # ---------------------------------------------------------------------------------- GRPO
@@ -364,11 +365,7 @@ class StepRows:
         if not all(infos):  # None or {}: read as an empty info
             infos = [i or NO_INFO for i in infos]
         batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
-        if n and batches.count(batches[0]) == n:  # one explore step (the usual case): groups are tasks
-            code, uniq = first_appearance_codes(tasks)
-            uniq = [(batches[0], t) for t in uniq]
-        else:
-            code, uniq = first_appearance_codes(list(zip(batches, tasks)))
+        code, uniq = tid_codes(batches, tasks)
         group, old_of_new = _relabel_by_first_row(code[back], len(uniq))  # Trinity's group_by order
         group_keys = [uniq[k] for k in old_of_new.tolist()]
         run = np.array(runs, dtype=np.int64)[back]

@@ -11,7 +11,8 @@ EID = operator.attrgetter("eid")
 INFO = operator.attrgetter("info")
 RUN = operator.attrgetter("run")
 STEP = operator.attrgetter("step")
-BATCH_TASK = operator.attrgetter("batch", "task")
+BATCH = operator.attrgetter("batch")
+TASK = operator.attrgetter("task")
 NO_INFO: dict = {}
 """Read in place of an experience's missing (None or empty) ``info``; never written."""
 
@@ -29,3 +30,14 @@ def first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:
     present = np.zeros(len(keys), dtype=bool)
     present[rows] = True
     return (np.cumsum(present) - 1)[rows], list(first)
+
+
+def tid_codes(batches: list, tasks: list) -> tuple[np.ndarray, list[tuple]]:
+    """:func:`first_appearance_codes` of Trinity's ``eid.tid`` ``(batch, task)`` pairs, given as
+    the two columns. When every row has the same batch (one explore step, the usual case) only
+    the tasks are factorised: no tuple per row, about twice as fast; the codes and keys are the
+    same."""
+    if batches and batches.count(batches[0]) == len(batches):
+        code, uniq = first_appearance_codes(tasks)
+        return code, [(batches[0], t) for t in uniq]
+    return first_appearance_codes(list(zip(batches, tasks)))

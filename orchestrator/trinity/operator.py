@@ -25,7 +25,7 @@ from orchestrator.trinity.attach import (
     new_session,
     trinity_task_id,
 )
-from orchestrator.trinity.fields import BATCH_TASK, EID, INFO, NO_INFO, RUN, STEP, first_appearance_codes
+from orchestrator.trinity.fields import BATCH, EID, INFO, NO_INFO, RUN, STEP, TASK, tid_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -170,7 +170,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         if not num:
             return None, {}, 0
         eids = list(map(EID, exps))
-        group, group_keys = first_appearance_codes(list(map(BATCH_TASK, eids)))
+        group, group_keys = tid_codes(list(map(BATCH, eids)), list(map(TASK, eids)))
         run = np.fromiter(map(RUN, eids), np.int64, num)
         step = np.fromiter(map(STEP, eids), np.int64, num)
         lo = int(run.min())

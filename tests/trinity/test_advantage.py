@@ -28,6 +28,7 @@ from trinity.common.experience import Experience as TExp
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn, StepRows, write_token_advantages
+from orchestrator.trinity.fields import tid_codes
 from orchestrator.trinity.plugin import register
 
 ARGS = {"omega": 0.7, "gamma": 0.9, "fnorm": "std", "epsilon": 1e-6}
@@ -325,3 +326,9 @@ def test_multi_step_grpo_equals_trinitys_multi_step_grpo_on_real_experiences():
     expected = [by_id[(e.eid.task, e.eid.run, e.eid.step)] for e in exps]
     np.testing.assert_allclose(ours, expected, rtol=1e-6)  # Trinity computes in float32
     assert ours[-1] == pytest.approx(3.0 / (1 + 1e-6))
+
+
+def test_tid_codes_number_batch_task_pairs_by_first_appearance():
+    assert [(c.tolist(), k) for c, k in [tid_codes([7] * 5, [3, 1, 3, 2, 1])]] == [([0, 1, 0, 2, 1], [(7, 3), (7, 1), (7, 2)])]
+    codes, keys = tid_codes([7, 7, 8, 7, 8], [3, 1, 3, 3, 1])  # two explore steps: the pairs count
+    assert codes.tolist() == [0, 1, 2, 0, 3] and keys == [(7, 3), (7, 1), (8, 3), (8, 1)]
