@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from algos.dapo import InvalidGroupError
-from orchestrator.core.types import Experience, ExperienceId, Group
+from orchestrator.core.types import Experience, ExperienceId, Group, unpack_groups
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import Orchestrator
 from orchestrator.service.sink import SQLiteSink
@@ -207,3 +207,29 @@ def test_rejected_submit_and_pop_hands_nothing_out(tmp_path):
     with pytest.raises(InvalidGroupError, match=r"reward: non-finite value nan in run 1 of task 't3'"):
         run(o.submit_and_pop([group("t2"), bad]))
     assert run(orch(tmp_path).pop_batch()).batch_id == 0
+
+
+def test_a_file_of_the_earlier_layout_resumes_and_clears_its_payloads(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t) for t in TASKS[:3]]))  # a batch of 2 ready, t2 carried
+    before = o.get_stats()
+    # rewrite the file as the earlier layout kept it: the whole small state in dso_state, one
+    # dso_groups row per accepted group (its payload while held)
+    db = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
+    state = {name: pickle.loads(value) for name, value in db.execute("SELECT name, value FROM dso_parts")}
+    rows, held_keys = [], set(state["carry"] + state["candidates"])
+    for seen, held in db.execute("SELECT seen, held FROM dso_log").fetchall():
+        payloads = {g.key: pickle.dumps(g) for g in unpack_groups(pickle.loads(held)) if g.key in held_keys} if held else {}
+        rows += [(k, label, payloads.get(k)) for k, label in zip(*pickle.loads(seen))]
+    db.execute("UPDATE dso_state SET state = ?", (pickle.dumps(state),))
+    db.executemany("INSERT INTO dso_groups VALUES (?, ?, ?)", rows)
+    db.execute("DELETE FROM dso_parts")
+    db.execute("DELETE FROM dso_log")
+    assert db.execute("SELECT COUNT(*) FROM dso_groups WHERE payload IS NOT NULL").fetchone() == (1,)
+    o2 = orch(tmp_path)
+    assert o2.get_stats() == before and [g.task_id for g in o2.core.carry] == ["t2"]
+    run(o2.submit_groups([group("t0")]))  # a retry: recognised from the earlier rows, not counted
+    run(o2.submit_groups([group("t3")]))  # t2 leaves in the next batch: its earlier payload is cleared
+    assert db.execute("SELECT COUNT(*) FROM dso_groups WHERE payload IS NOT NULL").fetchone() == (0,)
+    assert o2.get_stats().groups_submitted == 4
+    assert [[g.task_id for g in run(o2.pop_batch()).groups] for _ in range(2)] == [["t0", "t1"], ["t2", "t3"]]
