@@ -170,6 +170,10 @@ class Orchestrator(AnchorLifecycle):
         self._new_seen: dict[str, str] = {}
         self._new_batches: list[Batch] = []
         self._handed: list[int] = []
+        # the last submit_and_pop call with an id that handed out batches, and those batches
+        # (committed); _new_call: set by a call, written by the next commit
+        self._last_call: tuple[str, list[Batch]] | None = None
+        self._new_call: tuple[str, list[Batch]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the actor's event loop, once an async call ran
         self._watch: asyncio.Task | None = None
         self._anchor_up: bool | None = None
@@ -198,6 +202,7 @@ class Orchestrator(AnchorLifecycle):
         self.attachment = dict(saved.state.get("attachment") or {})
         self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
         self._new_seen, self._new_batches, self._handed = {}, [], []
+        self._last_call, self._new_call = saved.last_call, None
         log.warning(
             "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
             "saved policy replaces the configured one; delete the file to start afresh)",
@@ -219,6 +224,7 @@ class Orchestrator(AnchorLifecycle):
         batches, self._new_batches = self._new_batches, []
         seen, self._new_seen = self._new_seen, {}
         handed, self._handed = self._handed, []
+        call, self._new_call = self._new_call, None
         if self.store is None:
             return None, batches, set()
         held = {g.key: g for g in self.core.held_groups()}
@@ -229,7 +235,7 @@ class Orchestrator(AnchorLifecycle):
             state["anchor_guard"] = self._anchor_guard
         change = Change(
             state, seen=seen, hold=[g for k, g in held.items() if k not in self._stored],
-            release=[k for k in self._stored if k not in held], batches=batches, handed=handed,
+            release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,
         )
         return change, batches if self.store.sink is None else [], set(held)
 
@@ -429,21 +435,30 @@ class Orchestrator(AnchorLifecycle):
         """
         return (await self._submit_call(groups, on_invalid, pop=False))[0]
 
-    async def submit_and_pop(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> tuple[Any, list[Batch]]:
+    @ray.method(max_task_retries=RETRIES)
+    async def submit_and_pop(
+        self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None
+    ) -> tuple[Any, list[Batch]]:
         """:meth:`submit_groups`, then every ready batch (what :meth:`pop_batch` returns until None),
         in one call and one commit: the Trinity operator's call, one round trip per explore step.
 
         Returns ``(labels, batches)``: the labels as :meth:`submit_groups` returns them, and the
         ready batches, oldest first (the batches emitted before this call included).
-        Like :meth:`pop_batch` (and unlike :meth:`submit_groups`) it is not retried when the
-        actor dies: a call that fails after its commit has handed its batches out (see the
-        README's "Durability").
+
+        ``call_id`` makes a retry safe: Ray retries the call when the actor dies during it, and
+        if the first attempt was committed (its groups accepted, its batches handed out), the
+        retry is answered with the same labels and the same batches (plus any released since).
+        Only the last call with an id that handed out batches is remembered (one caller per
+        orchestrator, the operator). Without an id, a call whose answer is lost after its
+        commit has handed its batches out (they are in a :class:`SQLiteSink`).
         Raises:
             see :meth:`submit_groups` (nothing is accepted or handed out).
         """
-        return await self._submit_call(groups, on_invalid, pop=True)
+        return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id)
 
-    async def _submit_call(self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool) -> tuple[Any, list[Batch]]:
+    async def _submit_call(
+        self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool, call_id: str | None = None
+    ) -> tuple[Any, list[Batch]]:
         """Submit a list or a table and, with ``pop``, take every ready batch; return the labels
         and the batches once a commit covers them (outside the lock: concurrent calls share it)."""
         self._start_watch()
@@ -453,8 +468,14 @@ class Orchestrator(AnchorLifecycle):
             else:
                 labels = await self._submit(groups, on_invalid)
             batches = []
+            if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
+                batches = list(self._last_call[1])  # a retry of a committed call: its batches again
+            fresh = 0
             while pop and (batch := self._hand_out()) is not None:
                 batches.append(batch)
+                fresh += 1
+            if call_id is not None and fresh:
+                self._last_call = self._new_call = (call_id, batches)
             mine = self._tick
         await self._durable(mine)
         return labels, batches

@@ -17,6 +17,8 @@ What the file holds (tables):
 * ``dso_groups``: the same per group, one row each (files of earlier versions; read on load,
   payloads cleared on release, never written otherwise);
 * ``dso_ready``: batches emitted but not yet handed to a caller (``pop_batch``);
+* ``dso_last_call``: the id of the last ``submit_and_pop`` call that gave one, with the batches
+  it handed out (a retry of that call is answered with them);
 * with a :class:`~orchestrator.service.sink.SQLiteSink` on the same file, the sink's
   ``batches`` / ``experiences`` tables.
 
@@ -63,6 +65,11 @@ CREATE TABLE IF NOT EXISTS dso_log (
     seen BLOB,
     held BLOB
 );
+CREATE TABLE IF NOT EXISTS dso_last_call (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    call_id TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS dso_ready (
     batch_id INTEGER PRIMARY KEY,
     payload BLOB NOT NULL
@@ -97,6 +104,7 @@ class Saved:
             held-row still holds others: the state's held keys say which are held).
         seen: filter label of every group key ever accepted.
         ready: batches emitted and not handed out, oldest first.
+        last_call: the id of the last call that handed out batches under an id, and those batches.
     """
 
     seq: int
@@ -104,6 +112,7 @@ class Saved:
     groups: dict[str, Group] = field(default_factory=dict)
     seen: dict[str, str] = field(default_factory=dict)
     ready: list[Batch] = field(default_factory=list)
+    last_call: tuple[str, list[Batch]] | None = None
 
 
 @dataclass
@@ -118,6 +127,8 @@ class Change:
         batches: batches emitted by this change (into the sink, when it shares the file,
             and into the ready queue unless ``handed``).
         handed: ids of ready batches handed to a caller by this change.
+        call: the call id and the batches it handed out, when the change answers a call with an
+            id (replaces the saved one).
     """
 
     state: dict
@@ -126,6 +137,7 @@ class Change:
     release: list[str] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
     handed: list[int] = field(default_factory=list)
+    call: tuple[str, list[Batch]] | None = None
 
 
 class StateStore:
@@ -206,7 +218,8 @@ class StateStore:
                 self._chunk_of[g.key] = seq
                 self._live[seq] = self._live.get(seq, 0) + 1
         ready = [pickle.loads(p) for (p,) in self._db.execute("SELECT payload FROM dso_ready ORDER BY batch_id")]
-        return Saved(self.seq, state, groups, seen, ready)
+        last = self._db.execute("SELECT call_id, payload FROM dso_last_call").fetchone()
+        return Saved(self.seq, state, groups, seen, ready, None if last is None else (last[0], pickle.loads(last[1])))
 
     def commit(self, change: Change) -> int:
         """Write one change atomically; returns the new sequence number.
@@ -250,6 +263,8 @@ class StateStore:
                 if batch.batch_id not in handed:
                     db.execute("INSERT INTO dso_ready VALUES (?, ?)", (batch.batch_id, dump(batch)))
             db.executemany("DELETE FROM dso_ready WHERE batch_id = ?", ((b,) for b in handed))
+            if change.call is not None:
+                db.execute("INSERT OR REPLACE INTO dso_last_call VALUES (0, ?, ?)", (change.call[0], dump(change.call[1])))
             db.executemany("INSERT OR REPLACE INTO dso_parts VALUES (?, ?)", parts.items())
             db.execute(
                 "INSERT INTO dso_state (id, seq, state) VALUES (0, ?, ?) "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -57,10 +58,11 @@ class OrchestratorOperator(ExperienceOperatorV1):
     is dropped with reason ``invalid``, counted (``dso/groups_invalid``) and logged by the
     actor, and the other groups of the step go on. Every batch the actor then releases
     (``submit_and_pop`` returns them with the labels: one call per step) is expanded back to
-    its Trinity experiences (all steps), in group order, runs and steps ascending, and returned (:meth:`expand`). Groups released as
-    padding (``on_cap="pad"``) and masked members get an all-zero ``action_mask`` (zero loss
-    weight) and ``info["dso_padding"]`` / ``info["dso_masked"] = True``. Every released
-    experience carries ``info["dso_batch_id"]`` and ``info["dso_reason"]``.
+    its Trinity experiences (all steps), in group order, runs and steps ascending, and returned
+    (:meth:`expand`). Groups released as padding (``on_cap="pad"``) and masked members get an
+    all-zero ``action_mask`` (zero loss weight) and ``info["dso_padding"]`` /
+    ``info["dso_masked"] = True``. Every released experience carries ``info["dso_batch_id"]``
+    and ``info["dso_reason"]``.
 
     End of data: when the actor is exhausted (``max_epochs`` / ``max_rollouts``) and nothing
     was released, its kept groups are released as a last batch (``finish_batch``, per ``on_cap``).
@@ -267,7 +269,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
             self._hold(payload)  # on disk before the actor holds the groups
             self._rounds_open += 1
         # one call: the groups in, every ready batch out (an empty submit only collects)
-        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop")
+        # the call id makes Ray's retry (the actor died during the call) return the same batches
+        call_id = f"{self.session}:{uuid.uuid4().hex}"
+        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop", call_id=call_id)
         labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0

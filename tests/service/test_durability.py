@@ -233,3 +233,14 @@ def test_a_file_of_the_earlier_layout_resumes_and_clears_its_payloads(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM dso_groups WHERE payload IS NOT NULL").fetchone() == (0,)
     assert o2.get_stats().groups_submitted == 4
     assert [[g.task_id for g in run(o2.pop_batch()).groups] for _ in range(2)] == [["t0", "t1"], ["t2", "t3"]]
+
+
+def test_a_retried_submit_and_pop_gets_the_batches_its_lost_answer_held(tmp_path):
+    o = orch(tmp_path)
+    labels, batches = run(o.submit_and_pop([group(t) for t in TASKS[:4]], call_id="c1"))
+    assert [b.batch_id for b in batches] == [0, 1]
+    o2 = orch(tmp_path)  # the actor died after the commit, before its answer: Ray retries on the new one
+    labels2, batches2 = run(o2.submit_and_pop([group(t) for t in TASKS[:4]], call_id="c1"))
+    assert labels2 == labels == ["informative"] * 4 and o2.get_stats().groups_submitted == 4
+    assert [[g.task_id for g in b.groups] for b in batches2] == [["t0", "t1"], ["t2", "t3"]]
+    assert run(o2.submit_and_pop([], call_id="c2")) == ([], [])  # another call: those batches are not its own

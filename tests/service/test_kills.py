@@ -3,6 +3,8 @@
 * 10 random kills (SIGKILL of the actor's process and ``ray.kill(no_restart=False)``, alternating)
   while a driver submits groups and pops batches, retrying what failed: every group is counted
   once, none is emitted twice, none is lost (each informative group is in the sink or held).
+* 6 random kills while a driver calls ``submit_and_pop`` with call ids: the same, and every
+  batch reaches the driver exactly once (a retried call gets the batches its lost answer held).
 * 16 concurrent submitters: the same accounting.
 """
 
@@ -70,18 +72,13 @@ def check_accounting(actor, sink_path, sent: dict[tuple[str, str], str]) -> None
     assert ids == list(range(len(ids)))
 
 
-@pytest.mark.slow
-def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
-    rng = random.Random(11)
-    name = "dso-kills"
-    sink_path = tmp_path / "run.db"
-    actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
-                                       sink=SQLiteSink(sink_path), name=name)
-    ray.get(actor.ping.remote())
+def start_killer(name: str, rng: random.Random, times: int) -> tuple[threading.Thread, list[str]]:
+    """A thread that kills the named actor ``times`` times at random moments (SIGKILL of its
+    process and ``ray.kill(no_restart=False)``, alternating), each time waiting for it to answer again."""
     kills: list[str] = []
 
     def killer() -> None:
-        for i in range(10):
+        for i in range(times):
             time.sleep(rng.uniform(0.2, 1.0))
             handle = ray.get_actor(name, namespace=DEFAULT_NAMESPACE)
             if i % 2:
@@ -94,21 +91,64 @@ def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
+    return thread, kills
+
+
+def random_groups(rng: random.Random, step: int) -> tuple[list[Group], list[str]]:
+    """Five groups of step ``step`` on random tasks, and the label each should get."""
+    kinds = [rng.choice(list(PATTERNS)) for _ in range(5)]
+    return [make_group(t, f"s{step}", k) for t, k in zip(rng.sample(TASKS, 5), kinds)], kinds
+
+
+@pytest.mark.slow
+def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
+    rng = random.Random(11)
+    name = "dso-kills"
+    sink_path = tmp_path / "run.db"
+    actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
+                                       sink=SQLiteSink(sink_path), name=name)
+    ray.get(actor.ping.remote())
+    thread, kills = start_killer(name, rng, 10)
     sent: dict[tuple[str, str], str] = {}
     handed: list[int] = []
     step = 0
     while thread.is_alive() or step < 10:
-        kinds = [rng.choice(list(PATTERNS)) for _ in range(5)]
-        groups = [make_group(t, f"s{step}", k) for t, k in zip(rng.sample(TASKS, 5), kinds)]
+        groups, kinds = random_groups(rng, step)
         labels = retry(lambda gs=groups: ray.get(actor.submit_groups.remote(gs)))
         assert labels == kinds
-        sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, kinds)})
+        sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, labels)})
         while (batch := retry(lambda: ray.get(actor.pop_batch.remote()))) is not None:
             handed.append(batch.batch_id)
         step += 1
     thread.join()
     assert len(kills) == 10
     assert len(handed) == len(set(handed))  # no batch handed out twice
+    check_accounting(actor, sink_path, sent)
+    ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_kills_during_submit_and_pop_with_call_ids_hand_every_batch_out_once(ray_local, tmp_path):
+    rng = random.Random(12)
+    name = "dso-kills-pop"
+    sink_path = tmp_path / "run.db"
+    actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
+                                       sink=SQLiteSink(sink_path), name=name)
+    ray.get(actor.ping.remote())
+    thread, kills = start_killer(name, rng, 6)
+    sent: dict[tuple[str, str], str] = {}
+    handed: list[int] = []
+    step = 0
+    while thread.is_alive() or step < 10:
+        groups, kinds = random_groups(rng, step)
+        labels, batches = retry(lambda gs=groups, c=f"call-{step}": ray.get(actor.submit_and_pop.remote(gs, call_id=c)))
+        assert labels == kinds
+        sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, labels)})
+        handed += [b.batch_id for b in batches]
+        step += 1
+    thread.join()
+    assert len(kills) == 6
+    assert sorted(handed) == SQLiteSink(sink_path).batch_ids()  # every batch handed out, once (retries included)
     check_accounting(actor, sink_path, sent)
     ray.kill(actor)
 
