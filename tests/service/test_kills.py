@@ -100,56 +100,59 @@ def random_groups(rng: random.Random, step: int) -> tuple[list[Group], list[str]
     return [make_group(t, f"s{step}", k) for t, k in zip(rng.sample(TASKS, 5), kinds)], kinds
 
 
-@pytest.mark.slow
-def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
-    rng = random.Random(11)
-    name = "dso-kills"
-    sink_path = tmp_path / "run.db"
+def drive_under_kills(sink_path, name: str, seed: int, times: int, call) -> tuple:
+    """A fresh actor killed ``times`` times while the driver sends ``call(actor, groups, step)``
+    (-> labels, handed batch ids) for at least 10 steps, retrying what failed.
+
+    Returns:
+        the actor, the label of every group sent by (task, tag), the batch ids handed out in
+        order, and the kills done.
+    """
+    rng = random.Random(seed)
     actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
                                        sink=SQLiteSink(sink_path), name=name)
     ray.get(actor.ping.remote())
-    thread, kills = start_killer(name, rng, 10)
+    thread, kills = start_killer(name, rng, times)
     sent: dict[tuple[str, str], str] = {}
     handed: list[int] = []
     step = 0
     while thread.is_alive() or step < 10:
         groups, kinds = random_groups(rng, step)
-        labels = retry(lambda gs=groups: ray.get(actor.submit_groups.remote(gs)))
+        labels, ids = call(actor, groups, step)
         assert labels == kinds
         sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, labels)})
-        while (batch := retry(lambda: ray.get(actor.pop_batch.remote()))) is not None:
-            handed.append(batch.batch_id)
+        handed += ids
         step += 1
     thread.join()
+    return actor, sent, handed, kills
+
+
+@pytest.mark.slow
+def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
+    def submit_then_pop(actor, groups, step):
+        labels = retry(lambda: ray.get(actor.submit_groups.remote(groups)))
+        ids = []
+        while (batch := retry(lambda: ray.get(actor.pop_batch.remote()))) is not None:
+            ids.append(batch.batch_id)
+        return labels, ids
+
+    actor, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills", 11, 10, submit_then_pop)
     assert len(kills) == 10
     assert len(handed) == len(set(handed))  # no batch handed out twice
-    check_accounting(actor, sink_path, sent)
+    check_accounting(actor, tmp_path / "run.db", sent)
     ray.kill(actor)
 
 
 @pytest.mark.slow
 def test_kills_during_submit_and_pop_with_call_ids_hand_every_batch_out_once(ray_local, tmp_path):
-    rng = random.Random(12)
-    name = "dso-kills-pop"
-    sink_path = tmp_path / "run.db"
-    actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
-                                       sink=SQLiteSink(sink_path), name=name)
-    ray.get(actor.ping.remote())
-    thread, kills = start_killer(name, rng, 6)
-    sent: dict[tuple[str, str], str] = {}
-    handed: list[int] = []
-    step = 0
-    while thread.is_alive() or step < 10:
-        groups, kinds = random_groups(rng, step)
-        labels, batches = retry(lambda gs=groups, c=f"call-{step}": ray.get(actor.submit_and_pop.remote(gs, call_id=c)))
-        assert labels == kinds
-        sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, labels)})
-        handed += [b.batch_id for b in batches]
-        step += 1
-    thread.join()
+    def submit_and_pop(actor, groups, step):
+        labels, batches = retry(lambda: ray.get(actor.submit_and_pop.remote(groups, call_id=f"call-{step}")))
+        return labels, [b.batch_id for b in batches]
+
+    actor, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills-pop", 12, 6, submit_and_pop)
     assert len(kills) == 6
-    assert sorted(handed) == SQLiteSink(sink_path).batch_ids()  # every batch handed out, once (retries included)
-    check_accounting(actor, sink_path, sent)
+    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (retries included)
+    check_accounting(actor, tmp_path / "run.db", sent)
     ray.kill(actor)
 
 
