@@ -340,21 +340,13 @@ class Orchestrator(AnchorLifecycle):
 
     def _hand_out(self) -> Batch | None:
         """Take the oldest ready batch; the caller returns it once the hand-out is committed
-        (:meth:`_handed_out`, outside the lock: concurrent calls share commits)."""
+        (:meth:`_durable` of the change count after it, outside the lock: concurrent calls share
+        commits; if that commit fails, the batch is ready again, see :meth:`_rollback`)."""
         if not self.ready:
             return None
         batch = self.ready.pop(0)
         self._handed.append(batch.batch_id)
         self._tick += 1
-        return batch
-
-    async def _handed_out(self, batch: Batch | None) -> Batch | None:
-        """``batch`` once everything changed before it (its hand-out included) is committed.
-
-        Raises:
-            RuntimeError: the commit failed (the batch is ready again, see :meth:`_rollback`).
-        """
-        await self._durable(self._tick)
         return batch
 
     # ------------------------------------------------------------- batches
@@ -390,8 +382,10 @@ class Orchestrator(AnchorLifecycle):
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
+                mine = self._tick
             if out is not None:
-                return await self._handed_out(out)
+                await self._durable(mine)
+                return out
             if blocked:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -634,7 +628,9 @@ class Orchestrator(AnchorLifecycle):
         """
         async with self._lock:
             batch = self._hand_out()
-        return await self._handed_out(batch)
+            mine = self._tick
+        await self._durable(mine)
+        return batch
 
     def exhausted(self) -> bool:
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
@@ -651,7 +647,9 @@ class Orchestrator(AnchorLifecycle):
         """
         async with self._lock:
             batch = self._finish_batch()
-        return await self._handed_out(batch)
+            mine = self._tick
+        await self._durable(mine)
+        return batch
 
     def _finish_batch(self) -> Batch:
         if not self.ready:
@@ -675,7 +673,9 @@ class Orchestrator(AnchorLifecycle):
             if not self.ready:
                 self._finish(self.core.close_at_cap())
             batch = self._hand_out()
-        return await self._handed_out(batch)
+            mine = self._tick
+        await self._durable(mine)
+        return batch
 
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector)."""
