@@ -142,11 +142,16 @@ def pack_groups(groups: list[Group]) -> tuple:
         elif name == "values" and isinstance(stacked["rewards"], np.ndarray) and col.dtype == stacked["rewards"].dtype \
                 and np.array_equal(col, stacked["rewards"], equal_nan=True):
             cols.append("rewards")
-        elif col.dtype.kind == "i" and col.dtype != np.int32 and (col.size == 0 or (col.min() >= -(2**31) and col.max() < 2**31)):
+        elif col.dtype.kind == "i" and _fits_int32(col):
             cols.append((col.dtype.str, col.astype(np.int32)))
         else:
             cols.append(col)
     return fields, tuple(cols)
+
+
+def _fits_int32(col: np.ndarray) -> bool:
+    """An integer array, not int32, whose values all fit int32 (narrowing it loses nothing)."""
+    return col.dtype != np.int32 and (col.size == 0 or (col.min() >= -(2**31) and col.max() < 2**31))
 
 
 def _stack(col: list) -> np.ndarray | list:
@@ -218,7 +223,7 @@ class GroupTable:
         # under Ray's 100 KiB inline-argument limit (larger arguments go through the object store)
         for name in ("runs", "versions"):
             col = getattr(self, name)
-            if col.dtype != np.int32 and (col.size == 0 or (col.min() >= -(2**31) and col.max() < 2**31)):
+            if _fits_int32(col):
                 setattr(self, name, col.astype(np.int32))
         for name, col in self.metrics.items():
             col = np.asarray(col)
