@@ -10,6 +10,11 @@ concurrent callers (threads of this driver, each its own sequence of calls), aga
 same core in this process without Ray or checkpoint (the reference, ratio 1), best of
 ``--repeats``. Targets: 20k groups/s from one caller, 50k from 16.
 
+The transport's own ceiling is measured too: an echo actor that takes the same calls and
+answers each with what the orchestrator answers it (the labels, and as many batches of the
+same size as the core released on that call), doing nothing else. No orchestrator through
+Ray can be faster than it.
+
 Other processes on the machine inflate the seconds; the ratios are measured side by side.
 
     python bench/bench_actor.py [--calls 64] [--callers 16] [--call-groups 256] [--n 16] [--repeats 3]
@@ -31,7 +36,7 @@ import ray
 
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.types import GroupTable
+from orchestrator.core.types import Batch, GroupTable
 from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.tasks.taskset import IndexTaskSet
 
@@ -52,14 +57,50 @@ def make_calls(calls: int, call_groups: int, n: int, num_tasks: int, seed: int) 
     return out
 
 
-def in_process(policy: dict, num_tasks: int, calls: list[GroupTable]) -> float:
+def in_process(policy: dict, num_tasks: int, calls: list[GroupTable]) -> tuple[float, list[int], Batch | None]:
+    """Seconds for the core alone; also the batches released per call, and the first batch."""
     core = OrchestratorCore(ResamplingPolicy.parse(policy), [str(i) for i in range(num_tasks)])
+    released, first = [], None
     t0 = time.perf_counter()
     for table in calls:
         core.submit_table(table)
-        while core.try_emit() is not None:
-            pass
-    return time.perf_counter() - t0
+        k = 0
+        while (batch := core.try_emit()) is not None:
+            first = first or batch
+            k += 1
+        released.append(k)
+    return time.perf_counter() - t0, released, first
+
+
+@ray.remote(num_cpus=0)
+class Echo:
+    """The transport alone: answers each call as the orchestrator does (labels and ``k``
+    batches), sealed as the orchestrator seals them, computing nothing."""
+
+    def __init__(self, batch: Batch) -> None:
+        batch.seal()
+        self.batch = batch
+
+    async def submit_and_pop(self, table: GroupTable, on_invalid: str = "raise", call_id: str | None = None,
+                             k: int = 0) -> tuple:
+        return np.full(len(table), "informative"), [self.batch] * k
+
+
+def echo(per_caller: list[list[tuple[GroupTable, int]]], batch: Batch) -> float:
+    actor = Echo.remote(batch)
+    ray.get(actor.submit_and_pop.remote(per_caller[0][0][0], k=1))
+
+    def caller(calls):
+        for table, k in calls:
+            ray.get(actor.submit_and_pop.remote(table, on_invalid="drop", call_id=uuid.uuid4().hex, k=k))
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(per_caller)) as pool:
+            list(pool.map(caller, per_caller))
+        return time.perf_counter() - t0
+    finally:
+        ray.kill(actor)
 
 
 def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]], ckpt_dir: str, pattern: str) -> float:
@@ -72,8 +113,8 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]]
 
     def caller(calls):
         for groups in calls:
-            if pattern == "submit_and_pop":
-                ray.get(actor.submit_and_pop.remote(groups, on_invalid="drop"))
+            if pattern == "submit_and_pop":  # with a call id, as the operator calls it
+                ray.get(actor.submit_and_pop.remote(groups, on_invalid="drop", call_id=uuid.uuid4().hex))
                 continue
             ray.get(actor.submit_groups.remote(groups, on_invalid="drop"))
             while ray.get(actor.pop_batch.remote()) is not None:
@@ -101,9 +142,15 @@ def main() -> None:
     calls = make_calls(args.calls, args.call_groups, args.n, args.tasks, seed=0)
     total = args.calls * args.call_groups
     ray.init(namespace="trinity-dso", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    t_core = min(in_process(policy, args.tasks, calls) for _ in range(args.repeats))
+    t_core, released, first = in_process(policy, args.tasks, calls)
+    t_core = min([t_core] + [in_process(policy, args.tasks, calls)[0] for _ in range(args.repeats - 1)])
     split = [calls[i :: args.callers] for i in range(args.callers)]
     rows = [("core in process (reference)", t_core, None)]
+    answered = list(zip(calls, released))
+    for name, per_caller in (("Ray transport alone (echo), 1 caller", [answered]),
+                             (f"Ray transport alone (echo), {args.callers} callers",
+                              [answered[i :: args.callers] for i in range(args.callers)])):
+        rows.append((name, min(echo(per_caller, first) for _ in range(args.repeats)), None))
     with tempfile.TemporaryDirectory() as ckpt:
         for pattern in ("submit_and_pop", "submit_groups + pop_batch"):
             for name, per_caller, target in ((f"{pattern}, 1 caller", [calls], 20_000),

@@ -48,8 +48,10 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,13 +64,14 @@ from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import EpochSelection, InformativeSelection, SelectionContext, TaskSelection
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats
-from orchestrator.core.table import check_table, table_error
+from orchestrator.core.table import CheckedTable, check_table, table_error
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, GroupTable, Purpose, UnknownTaskError
 from orchestrator.core.validate import MAX_INT32, check_group
 
 log = logging.getLogger("trinity_dso.core")
 
 _LABELS = {int(r): r.label for r in GroupReason}
+_SIZE = operator.attrgetter("size")
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
@@ -616,7 +619,7 @@ class OrchestratorCore:
         versions[runs] = present
         g.rewards, g.values, g.valid, g.versions, g.size = rewards, values, valid, versions, len(g.rollouts)
 
-    def check_table(self, table: GroupTable) -> tuple[list[Group], dict[int, str]]:
+    def check_table(self, table: GroupTable) -> CheckedTable:
         """:func:`orchestrator.core.table.check_table` under the current policy and task set (no state change)."""
         return check_table(table, self.policy, self._index)
 
@@ -694,13 +697,16 @@ class OrchestratorCore:
         """
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
-        groups, errors = self.check_table(table)
+        checked = self.check_table(table)
+        groups, errors = checked.groups, checked.errors
         if errors and on_invalid == "raise":
             raise table_error(errors)
-        return self._take(groups, [(groups[i], err) for i, err in errors.items()], new_round)
+        return self._take(groups, [(groups[i], err) for i, err in errors.items()], new_round, checked)
 
-    def _take(self, groups: list[Group], invalid: list[tuple[Group, Exception | str]], new_round: bool) -> list[Group]:
-        """Count one submission as a round, drop the invalid groups, accept the others (columns set)."""
+    def _take(self, groups: list[Group], invalid: list[tuple[Group, Exception | str]], new_round: bool,
+              checked: CheckedTable | None = None) -> list[Group]:
+        """Count one submission as a round, drop the invalid groups, accept the others (columns
+        set; ``checked``: the table they are the rows of, whose arrays are used as they are)."""
         if not groups:
             return []
         # one submission = one round of the open batch, whoever planned it
@@ -729,17 +735,30 @@ class OrchestratorCore:
             self.classified_by_reason[g.reason] += 1
             self._drop(g, g.reason)
         accepted = [g for g in groups if id(g) not in bad] if bad else groups
+        cols = None
+        if checked is not None:
+            rows = np.ones(len(groups), dtype=bool)
+            rows[list(checked.errors)] = False
+            cols = tuple(a if not bad else a[rows] for a in checked[2:])
         if accepted:
-            self._accept(accepted)
+            self._accept(accepted, cols)
         return groups
 
-    def _accept(self, groups: list[Group]) -> None:
-        """Classify checked groups on their member columns and hold them (carry pool or candidates)."""
+    def _accept(self, groups: list[Group], cols: tuple | None = None) -> None:
+        """Classify checked groups on their member columns and hold them (carry pool or candidates).
+
+        ``cols``: (task index (G,), rewards, values, valid, versions (G, n)) of exactly these
+        groups, as :func:`~orchestrator.core.table.check_table` computed them; None reads them
+        off the groups. All groups of one call share ``purpose`` (set by :meth:`_take`).
+        """
         f = self.policy.filter
-        rows = lambda name: np.concatenate([getattr(g, name) for g in groups]).reshape(len(groups), -1)  # noqa: E731
-        values, valid = rows("values"), rows("valid")  # (G, n) each: every column is by run
-        rewards = np.where(valid, rows("rewards"), 0.0)
-        all_versions = rows("versions")
+        if cols is None:
+            rows = lambda name: np.concatenate([getattr(g, name) for g in groups]).reshape(len(groups), -1)  # noqa: E731
+            idx = np.fromiter(map(self._index.__getitem__, (g.task_id for g in groups)), np.int64, len(groups))
+            raw, values, valid, all_versions = rows("rewards"), rows("values"), rows("valid"), rows("versions")  # (G, n): by run
+        else:
+            idx, raw, values, valid, all_versions = cols
+        rewards = np.where(valid, raw, 0.0)
         for g in groups:
             for r in g.rollouts:
                 if not g.valid[r.eid.run] and not r.info.get("dso_masked"):
@@ -753,7 +772,6 @@ class OrchestratorCore:
         else:
             keep = np.ones(len(groups), dtype=bool)
             reasons = np.full(len(groups), GroupReason.INFORMATIVE, dtype=np.int8)
-        idx = np.fromiter(map(self._index.__getitem__, (g.task_id for g in groups)), np.int64, len(groups))
         versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
@@ -763,25 +781,28 @@ class OrchestratorCore:
         self._apply_skip_rules(np.unique(idx))
 
         c, w = self.counters, self.window
+        size = sum(map(_SIZE, groups))
         c["groups_submitted"] += len(groups)
         c["groups_kept_classified"] += int(keep.sum())
-        c["rollouts_masked"] += int(sum(g.size for g in groups) - valid.sum())
+        c["rollouts_masked"] += int(size - valid.sum())
         for sums in (c, w):
             sums["reward_sum_all"] += float(rewards[valid].sum())
             sums["reward_count_all"] += int(valid.sum())
             sums["reward_sum_kept"] += float(rewards[keep][valid[keep]].sum())
             sums["reward_count_kept"] += int(valid[keep].sum())
-        informative = int(GroupReason.INFORMATIVE)
-        for g, code in zip(groups, reasons.tolist()):
-            g.reason = _LABELS[code]
-            self.classified_by_reason[g.reason] += 1
-            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
-            w["rollouts"] += g.size
-            if code == informative:
-                self.carry.append(g)
-            else:
-                self.dropped_task_ids.append(g.task_id)
-                self.candidates.append(g)
+        labels = list(map(_LABELS.__getitem__, reasons.tolist()))
+        for g, label in zip(groups, labels):
+            g.reason = label
+        for code, count in enumerate(np.bincount(reasons, minlength=len(_LABELS)).tolist()):
+            if count:
+                self.classified_by_reason[_LABELS[code]] += count
+        c["rollouts_initial" if groups[0].purpose == "initial" else "rollouts_replenish"] += size
+        w["rollouts"] += size
+        informative = (reasons == GroupReason.INFORMATIVE).tolist()
+        self.carry.extend(itertools.compress(groups, informative))
+        dropped = [g for g, inf in zip(groups, informative) if not inf]
+        self.dropped_task_ids.extend(g.task_id for g in dropped)
+        self.candidates.extend(dropped)
         overflow = len(self.candidates) - self.policy.target_groups
         if overflow > 0:
             for g in self.candidates[:overflow]:

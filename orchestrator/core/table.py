@@ -6,6 +6,7 @@ Pure numpy over the (G, n) columns, no state: the core accepts what :func:`check
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,7 +23,27 @@ def table_error(errors: dict[int, str]) -> Exception:
     return (UnknownTaskError if first.startswith("task_id:") else InvalidGroupError)(first)
 
 
-def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, int]) -> tuple[list[Group], dict[int, str]]:
+class CheckedTable(NamedTuple):
+    """What :func:`check_table` found: the groups, the invalid rows, and the member columns of
+    every row (by run), which the core classifies without reading them back off the groups."""
+
+    groups: list[Group]
+    """one per row (member columns set, by run; ``ref`` and ``model_version`` = the oldest member's)."""
+    errors: dict[int, str]
+    """``{row: message}`` of the invalid rows (message names the field, the run, the task and the value)."""
+    task_index: np.ndarray
+    """(G,) int64, each row's task index (-1: unknown task)."""
+    rewards: np.ndarray
+    """(G, n) float64 by run."""
+    values: np.ndarray
+    """(G, n) float64 judged value by run, NaN where unusable."""
+    valid: np.ndarray
+    """(G, n) bool by run: usable."""
+    versions: np.ndarray
+    """(G, n) int64 model version by run."""
+
+
+def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, int]) -> CheckedTable:
     """Check every row of a :class:`GroupTable` at once (no state change).
 
     The same rules as ``OrchestratorCore._check_group`` (the list route), vectorised over the
@@ -36,9 +57,7 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         policy: the resampling policy (``group_size``, ``filter.judge``, ``group_validity``, ...).
         index: task id -> task index of the task set.
     Returns:
-        one :class:`Group` per row (member columns set, by run; ``ref`` and ``model_version``
-        = the oldest member's), and ``{row: message}`` of the invalid rows (message names
-        the field, the run, the task and the value).
+        see :class:`CheckedTable` (the groups' columns are rows of its arrays).
     """
     p = policy
     n = p.group_size
@@ -80,7 +99,7 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         Group(t, [], v, "initial", 0, "", False, "", ref, width, r, x, ok, vs)
         for t, ref, v, r, x, ok, vs in zip(tasks, table.refs, oldest, list(rewards), list(values), list(usable), list(versions))
     ]
-    return groups, errors
+    return CheckedTable(groups, errors, idx, rewards, values, usable, versions)
 
 def _problem(table: GroupTable, i: int, p: ResamplingPolicy, index: dict[str, int], runs: np.ndarray,
              rewards: np.ndarray, values: np.ndarray, versions: np.ndarray, judge: str) -> str:

@@ -334,6 +334,7 @@ class Orchestrator(AnchorLifecycle):
         """Record an emitted batch: ready to hand out, written by the next commit."""
         batch.fill_seconds = time.monotonic() - self._batch_started if self._batch_started else 0.0
         self._batch_started = None
+        batch.seal()  # final from here: the commit and the reply pickle it once
         self._new_batches.append(batch)
         self.ready.append(batch)
         self._observe(batch)
@@ -549,7 +550,7 @@ class Orchestrator(AnchorLifecycle):
         fresh = [i for i, label in enumerate(labels) if label is None]
         todo = table.take(fresh) if len(fresh) < len(table) else table
         if on_invalid == "raise" and fresh:  # all checked before anything changes
-            _, errors = self.core.check_table(todo)
+            errors = self.core.check_table(todo).errors
             if errors:
                 raise table_error(errors)
 
