@@ -144,6 +144,7 @@ def test_table_route_decides_as_the_list_route(rows, extra):
 
     assert batches(a) == batches(b)
     assert a.stats() == b.stats()
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a.state()["history"].values(), b.state()["history"].values()))
 
 
 def test_held_groups_saved_without_member_columns_are_judged_again_on_load():
@@ -192,3 +193,15 @@ def test_a_batch_of_256_groups_of_16_pickles_under_rays_inline_limit():
     blob = pickle.dumps(batch)
     back = pickle.loads(blob)
     assert len(blob) < 100 * 1024 and all(same_group(a, b) for a, b in zip(groups, back.groups, strict=True))
+
+
+def test_a_sealed_batch_unpickles_to_the_groups_it_had_when_sealed():
+    rng = np.random.default_rng(1)
+    groups = core(group_size=4).check_table(table(["t0", "t1", "t2"], rng.choice([-1.0, 1.0], size=(3, 4)))).groups
+    batch = Batch(7, groups, rounds=2)
+    batch.seal()
+    groups[0].reason = "changed after the seal"
+    back = pickle.loads(pickle.dumps(batch))
+    assert back.batch_id == 7 and back.rounds == 2 and back.groups[0].reason == ""
+    assert all(same_group(a, b) for a, b in zip(groups[1:], back.groups[1:], strict=True))
+
