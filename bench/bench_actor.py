@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -94,6 +95,11 @@ def echo(per_caller: list[list[tuple[GroupTable, int]]], batch: Batch) -> float:
         for table, k in calls:
             ray.get(actor.submit_and_pop.remote(table, on_invalid="drop", call_id=uuid.uuid4().hex, k=k))
 
+    return timed_callers(actor, caller, per_caller)
+
+
+def timed_callers(actor: ray.actor.ActorHandle, caller: Any, per_caller: list[list]) -> float:
+    """Seconds for every caller (one thread each) to run ``caller`` over its calls; then the actor is killed."""
     try:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(len(per_caller)) as pool:
@@ -120,13 +126,7 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]]
             while ray.get(actor.pop_batch.remote()) is not None:
                 pass
 
-    try:
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(per_caller)) as pool:
-            list(pool.map(caller, per_caller))
-        return time.perf_counter() - t0
-    finally:
-        ray.kill(actor)
+    return timed_callers(actor, caller, per_caller)
 
 
 def main() -> None:
