@@ -8,8 +8,9 @@ What the file holds (tables):
   tracked batches), one row per top-level entry (pickled), written when it changed (the task
   ids, for one, are written once);
 * ``dso_columns`` / ``dso_column_changes``: the state's per-task columns ((T,) numpy arrays such
-  as ``history.mean``), each written whole once, then as the rows that changed in each commit;
-  a column is written whole again once its changes add up to its length;
+  as ``history.mean``), each written whole once, then as the rows that changed in each commit
+  (int32 row numbers and the values); a column is written whole again once its changes add up
+  to :data:`CHANGES_PER_WRITE` times its length;
 * ``dso_log``: one row per commit that accepted groups: the keys and filter labels of the
   groups it accepted (every key ever accepted stays, so a retried submit is answered, not
   counted again), and the groups that became held by it (one pickle for all of them), cleared
@@ -86,6 +87,13 @@ CREATE TABLE IF NOT EXISTS dso_column_changes (
     vals BLOB NOT NULL
 );
 """
+
+
+CHANGES_PER_WRITE = 4
+"""A per-task column is written whole again once the rows written as its changes (12 bytes
+each: an int32 row and the value) add up to this many times its length: the changes it keeps
+stay within a few times the column's size, and replaying them on load is one vectorised
+assignment per commit."""
 
 
 class StateStoreError(RuntimeError):
@@ -197,7 +205,8 @@ class StateStore:
         changed = dict.fromkeys(columns, 0)
         for name, rows, vals in self._db.execute("SELECT name, rows, vals FROM dso_column_changes ORDER BY seq, rowid"):
             col = columns[name]
-            idx = np.frombuffer(rows, dtype=np.int64)
+            count = len(vals) // col.itemsize
+            idx = np.frombuffer(rows, dtype=np.int32 if len(rows) == 4 * count else np.int64)  # int64: older files
             col[idx] = np.frombuffer(vals, dtype=col.dtype)
             changed[name] += idx.size
         self._columns, self._changed = {k: v.copy() for k, v in columns.items()}, changed
@@ -249,7 +258,7 @@ class StateStore:
                            (name, columns[name].dtype.str, columns[name].tobytes()))
                 db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
             db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
-                           ((seq, name, idx.tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
+                           ((seq, name, idx.astype(np.int32).tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
             if change.seen or change.hold:
                 db.execute("INSERT INTO dso_log VALUES (?, ?, ?)", (
                     seq, dump((list(change.seen), list(change.seen.values()))) if change.seen else None,
@@ -294,8 +303,9 @@ class StateStore:
         return self.seq
 
     def _column_writes(self, columns: dict[str, np.ndarray]) -> tuple[list[str], dict[str, np.ndarray]]:
-        """Which columns to write whole (new, reshaped, or their changes would pass their length)
-        and, for the others, the rows that changed since the last commit (compared bit for bit)."""
+        """Which columns to write whole (new, reshaped, or their changes would pass
+        :data:`CHANGES_PER_WRITE` times their length) and, for the others, the rows that changed
+        since the last commit (compared bit for bit)."""
         whole, rows = [], {}
         for name, col in columns.items():
             old = self._columns.get(name)
@@ -304,7 +314,7 @@ class StateStore:
                 continue
             bits = f"u{col.dtype.itemsize}"
             idx = np.flatnonzero(old.view(bits) != col.view(bits))
-            if self._changed[name] + idx.size > col.size:
+            if self._changed[name] + idx.size > CHANGES_PER_WRITE * col.size:
                 whole.append(name)
             elif idx.size:
                 rows[name] = idx

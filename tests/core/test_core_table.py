@@ -18,6 +18,7 @@ from orchestrator.core.types import (
     Group,
     GroupTable,
     UnknownTaskError,
+    narrow,
     pack_groups,
     unpack_groups,
 )
@@ -205,3 +206,27 @@ def test_a_sealed_batch_unpickles_to_the_groups_it_had_when_sealed():
     assert back.batch_id == 7 and back.rounds == 2 and back.groups[0].reason == ""
     assert all(same_group(a, b) for a, b in zip(groups[1:], back.groups[1:], strict=True))
 
+
+
+@pytest.mark.parametrize(("values", "dtype", "narrowed"), [
+    ([0, 15], np.int64, np.int8),
+    ([-129, 5], np.int64, np.int16),
+    ([0, 2**31 - 1], np.int64, np.int32),
+    ([0, 2**31], np.int64, np.int64),
+    ([1.0, -1.0, 0.5, -0.0, math.nan, math.inf], np.float64, np.float32),
+    ([0.1], np.float64, np.float64),
+    ([1e39], np.float64, np.float64),
+])
+def test_narrow_takes_the_smallest_dtype_that_keeps_every_bit(values, dtype, narrowed):
+    col = np.array(values, dtype=dtype)
+    small = narrow(col)
+    assert small.dtype == narrowed
+    assert small.astype(dtype).tobytes() == col.tobytes()
+
+
+def test_a_table_of_256_groups_of_16_with_a_metric_crosses_ray_in_under_48_kb():
+    rng = np.random.default_rng(3)
+    correct = rng.random((256, 16)) < 0.5
+    t = GroupTable([f"t{i}" for i in range(256)], ["r"] * 256, [f"0:{i}" for i in range(256)], np.tile(np.arange(16), (256, 1)),
+                   np.where(correct, 1.0, -1.0), np.zeros((256, 16), dtype=np.int64), {"accuracy": correct.astype(float)})
+    assert len(pickle.dumps(t)) < 48 * 1024

@@ -171,12 +171,22 @@ def test_task_columns_are_written_by_changed_rows_and_restored_exactly(tmp_path)
     db = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
     db.execute("DELETE FROM dso_column_changes")  # only what the next commit writes
     run(o.submit_groups([group("t3", tag="r1")]))
-    rows = {name: np.frombuffer(idx, dtype=np.int64).tolist()
+    rows = {name: np.frombuffer(idx, dtype=np.int32).tolist()
             for name, idx in db.execute("SELECT name, rows FROM dso_column_changes")}
     assert rows["history.groups"] == [TASKS.index("t3")] and rows["history.rollouts"] == [TASKS.index("t3")]
     restored = orch(tmp_path).core.state_dict()
     assert restored["history"] == o.core.state_dict()["history"]
     assert restored["passrate"] == o.core.state_dict()["passrate"]
+
+
+def test_column_changes_of_older_files_with_int64_rows_are_replayed(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0")]))
+    db = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
+    rows = [TASKS.index("t5"), TASKS.index("t6")]
+    db.execute("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
+               (o.store.seq, "history.groups", np.array(rows, dtype=np.int64).tobytes(), np.array([7, 9], dtype=np.int64).tobytes()))
+    assert orch(tmp_path).core.history.groups[rows].tolist() == [7, 9]
 
 
 def test_concurrent_submits_are_committed_when_they_return_and_share_commits(tmp_path):
