@@ -5,6 +5,7 @@ Pure numpy over the (G, n) columns, no state: the core accepts what :func:`check
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
@@ -63,7 +64,10 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
     n = p.group_size
     num, width = table.runs.shape
     tasks = table.task_ids
-    idx = np.array([index.get(t, -1) if isinstance(t, str) else -1 for t in tasks], dtype=np.int64).reshape(num)
+    try:  # one C-level pass; an unhashable task id (not a str) is an unknown task
+        idx = np.fromiter(map(index.get, tasks, itertools.repeat(-1)), dtype=np.int64, count=num)
+    except TypeError:
+        idx = np.array([index.get(t, -1) if isinstance(t, str) else -1 for t in tasks], dtype=np.int64).reshape(num)
     order = np.argsort(table.runs, axis=1, kind="stable")
     runs = np.take_along_axis(table.runs, order, 1)
     rewards = np.take_along_axis(table.rewards.astype(np.float64), order, 1)
