@@ -21,6 +21,7 @@ own Ray actor ``<name>-anchors``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import uuid
@@ -190,6 +191,7 @@ class Orchestrator(AnchorLifecycle):
             self.store = StateStore(self.checkpoint_path)
         self._load()
         self._observe()
+        _freeze_startup_heap()
 
     def _load(self) -> None:
         """Restore the last committed state (start, or after a failed commit)."""
@@ -987,6 +989,19 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={ANCHOR_GROUP: 1})(Orchestrator)
 """Restarted by Ray whenever its process dies (it resumes from its state file)."""
+
+
+def _freeze_startup_heap() -> None:
+    """In an actor's own process, put everything alive after start-up (the imports of torch,
+    Ray and the rest, the restored state) out of the cyclic garbage collector's scans
+    (``gc.freeze``): a full collection then walks only what the service made since. Measured
+    on 256 calls of 256 groups: the one full collection of the run took 215 ms (a stall of
+    every caller, REST included) and 3 ms once frozen. Frozen objects are still freed when no
+    longer referenced; only reference cycles among them would stay. Elsewhere (the actor class
+    used in a test or a script's own process) it does nothing."""
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        gc.collect()  # what start-up left as garbage goes now, not into the frozen set
+        gc.freeze()
 
 
 def get_or_create_orchestrator(

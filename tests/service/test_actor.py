@@ -145,3 +145,8 @@ def test_restart_mid_epoch_restores_estimates_and_selection_exactly(ray_local, t
     row = ray.get(b.task_history.remote("u1"))
     assert row.estimate.seen == (before["history"]["groups"][1] > 0)
     ray.kill(b)
+
+
+def test_the_actor_process_freezes_its_start_up_heap_out_of_collections(actor):
+    frozen = ray.get(actor.__ray_call__.remote(lambda self: __import__("gc").get_freeze_count()))
+    assert frozen > 10_000  # the imports alone (torch, Ray) are far more objects
