@@ -736,10 +736,10 @@ class OrchestratorCore:
             self._drop(g, g.reason)
         accepted = [g for g in groups if id(g) not in bad] if bad else groups
         cols = None
-        if checked is not None:
-            rows = np.ones(len(groups), dtype=bool)
-            rows[list(checked.errors)] = False
-            cols = tuple(a if not bad else a[rows] for a in checked[2:])
+        if checked is not None:  # the accepted rows of its arrays (all of them without errors)
+            ok = np.ones(len(groups), dtype=bool)
+            ok[list(checked.errors)] = False
+            cols = tuple(a[ok] if checked.errors else a for a in checked[2:])
         if accepted:
             self._accept(accepted, cols)
         return groups
