@@ -137,6 +137,8 @@ _consume = collections.deque(maxlen=0).extend
 
 
 _ACTION_MASK = operator.attrgetter("action_mask")
+_MASKED = "dso_masked"
+"""``info`` key of a member the orchestrator masked (see :class:`~orchestrator.trinity.operator.OrchestratorOperator`)."""
 
 
 def _address_order(exps: list) -> tuple[list, np.ndarray]:
@@ -201,6 +203,13 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
       here, while Trinity's float32 mean can miss 0.7 by one ulp and, divided by ``epsilon``,
       gives each member a spurious advantage of about 0.06;
     * a NaN, infinite or missing reward raises instead of spreading NaN through its group;
+    * a member the orchestrator masked (``info["dso_masked"]``, set by
+      :class:`~orchestrator.trinity.operator.OrchestratorOperator`: a missing or NaN reward
+      under ``group_validity="mask"``, or a stale member) is left out of its group's mean and
+      std (its reward may be missing) and gets advantage 0, as in
+      :func:`algos.dapo.group_advantages` with ``valid``; the other members are normalised over
+      the usable ones (one usable member: Trinity's singleton convention). Trinity's ``grpo``
+      counts every member (and fails on a missing reward);
     * ``std_threshold``, ``rank_penalty``, ``std_cal_level="batch"`` and
       ``duplicate_experiences`` are not offered (use ``grpo``).
 
@@ -238,28 +247,38 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
 
         Returns:
             codes: (N,) int64 group of each experience (first-appearance order);
-            advantages: (N,) float32 in the batch's order;
-            mean, std: (G,) float32 per group (0 and 1 for a singleton).
+            advantages: (N,) float32 in the batch's order (0 for a masked member);
+            mean, std: (G,) float32 per group over its usable members (0 and 1 for a singleton).
         Raises:
-            algos.dapo.InvalidGroupError: a missing or non-finite reward.
+            algos.dapo.InvalidGroupError: a missing or non-finite reward of a member not masked.
         """
         codes = _group_codes(exps)
         rewards = [e.reward for e in exps]
         r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
+        infos = [i or NO_INFO for i in map(INFO, exps)]
+        masked = None
+        if any(map(operator.contains, infos, itertools.repeat(_MASKED))):
+            masked = np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(exps))
+            r64[masked] = 0.0  # out of every statistic below
         bad = ~np.isfinite(r64)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InvalidGroupError(f"reward: {rewards[i]!r} at row {i} (group {exps[i].eid.tid!r}) is not a finite number")
         r32 = r64.astype(np.float32)
         x = r32.astype(np.float64)
-        sizes = np.bincount(codes).astype(np.float64)
-        mean = np.bincount(codes, weights=x) / sizes  # exact for float32 inputs (< 2**29 per group)
+        used = None if masked is None else (~masked).astype(np.float64)
+        sizes = np.bincount(codes, weights=used)
+        mean = np.bincount(codes, weights=x) / np.maximum(sizes, 1.0)  # exact for float32 inputs (< 2**29 per group)
         d = x - mean[codes]
+        if used is not None:
+            d *= used
         std = np.sqrt(np.bincount(codes, weights=d * d) / np.maximum(sizes - 1.0, 1.0))
-        solo = sizes == 1
+        solo = sizes <= 1
         mean32 = np.where(solo, 0.0, mean).astype(np.float32)
         std32 = np.where(solo, 1.0, std).astype(np.float32)
         adv = (r32 - mean32[codes]) / (std32[codes] + np.float32(self.epsilon))
+        if masked is not None:
+            adv[masked] = 0.0
         return codes, adv, mean32, std32
 
     def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:

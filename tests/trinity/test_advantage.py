@@ -300,6 +300,23 @@ def test_dso_grpo_names_a_non_finite_reward():
         DsoGRPOAdvantageFn().process(exps)
 
 
+def test_dso_grpo_leaves_a_masked_member_out_of_its_group_baseline():
+    # rewards 1, 0, [7 masked], 0, 1: the baseline is that of 1, 0, 0, 1 (hand-computed above)
+    rewards, masked = [1.0, 0.0, 7.0, 0.0, 1.0], [False, False, True, False, False]
+    exps = [texp(0, 0, r, reward=x, info={"dso_masked": True} if m else None) for r, (x, m) in enumerate(zip(rewards, masked))]
+    out, metrics = DsoGRPOAdvantageFn().process(exps)
+    a = 0.5 / (np.sqrt(1 / 3) + 1e-6)
+    assert [e.advantages[0].item() for e in out] == pytest.approx([a, -a, 0.0, -a, a], rel=1e-6)
+    assert metrics["group_advantages/reward_mean/mean"] == 0.5
+
+
+def test_dso_grpo_takes_a_masked_member_without_a_reward():
+    exps = [texp(0, 0, 0, reward=1.0), texp(0, 0, 1, reward=None, info={"dso_masked": True}), texp(0, 0, 2, reward=-1.0)]
+    out, _ = DsoGRPOAdvantageFn().process(exps)
+    a = 1.0 / (np.sqrt(2.0) + 1e-6)
+    assert [e.advantages[0].item() for e in out] == pytest.approx([a, 0.0, -a], rel=1e-6)
+
+
 def test_dso_grpo_refuses_trinity_options_it_does_not_offer():
     with pytest.raises(ValueError, match="std_threshold"):
         DsoGRPOAdvantageFn(std_threshold=0.0)

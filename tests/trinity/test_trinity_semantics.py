@@ -9,7 +9,7 @@ from trinity.common.experience import EID
 from trinity.common.experience import Experience as TExp
 
 from algos.gigpo import InvalidStepError
-from orchestrator.trinity.advantage import DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage import DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.plugin import register
 
 register()
@@ -176,3 +176,16 @@ def test_selector_signals_exhaustion_with_stop_iteration(actor_name, ray_local):
     assert sorted(sel.get_indices(2)) == [0, 1]
     with pytest.raises(StopIteration, match="exhausted"):
         sel.get_indices(2)
+
+
+def test_operator_masked_member_reaches_dso_grpo_with_zero_advantage(actor_name, ray_local):
+    # group_validity "mask": run 1 has no reward, the other two (+1, -1) are informative
+    policy = {"target_groups": 1, "group_size": 3, "group_validity": "mask", "min_valid_group_size": 2}
+    op = _operator(actor_name, policy)
+    out, _ = asyncio.run(op.process([texp(1, 0, 0, 1.0, index=0), texp(1, 0, 1, None, index=0), texp(1, 0, 2, -1.0, index=0)]))
+    adv, _ = DsoGRPOAdvantageFn().process(out)
+    by_run = {e.eid.run: e for e in adv}
+    assert by_run[1].info["dso_masked"] is True and by_run[1].advantages.abs().sum().item() == 0.0
+    # the group's baseline is over its two usable members: mean 0, sample std sqrt(2)
+    assert by_run[0].advantages[0].item() == pytest.approx(1.0 / (2**0.5 + 1e-6))
+    assert by_run[2].advantages[0].item() == pytest.approx(-1.0 / (2**0.5 + 1e-6))
