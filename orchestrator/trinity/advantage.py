@@ -255,7 +255,9 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         codes = _group_codes(exps)
         rewards = [e.reward for e in exps]
         r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
-        infos = [i or NO_INFO for i in map(INFO, exps)]
+        infos = list(map(INFO, exps))
+        if not all(infos):  # None or {}: read as an empty info
+            infos = [i or NO_INFO for i in infos]
         masked = None
         if any(map(operator.contains, infos, itertools.repeat(_MASKED))):
             masked = np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(exps))
