@@ -398,32 +398,21 @@ class AnchorIndex(ABC):
         """True when ``task`` has exactly ``n_runs`` complete runs in ``batch_key``."""
         return self.completed_runs(batch_key).get(task, 0) == n_runs
 
+    @abstractmethod
     def insert_trajectories(self, batch_key: str, records: TrajectoryRecords) -> InsertReceipt:
         """Record whole trajectories (see :func:`trajectory_records`) and report the completed
         runs of their tasks.
 
         Same stored statistics and the same idempotence as :meth:`insert` of their steps, each
-        trajectory's ``last`` step marked: re-inserting a stored trajectory is a no-op and
-        re-inserting it with other steps is refused. This default writes the steps through
-        :meth:`insert`; the Redis index sends one record per trajectory and per anchor group.
+        trajectory's ``last`` step marked: re-inserting a stored trajectory is a no-op (not
+        counted in ``added``) and re-inserting it with other steps is refused. The memory index
+        writes the steps through :meth:`insert`; the Redis index sends one record per trajectory
+        and per anchor group.
 
         Raises:
             AnchorConflictError: a trajectory already stored with other steps.
             AnchorIndexError: backend failure or lost batch state.
         """
-        tk, rn, st, sid, ret, last = records.columns
-        names, states = records.task_names, records.state_names
-        self.insert(batch_key, [
-            AnchorStep(names[t], r, k, states[h], x, last=e)
-            for t, r, k, h, x, e in zip(tk.tolist(), rn.tolist(), st.tolist(), sid.tolist(), ret.tolist(), last.tolist())
-        ])
-        added = int(records.run_id.size)  # (the per-step insert does not say which trajectories were new)
-        tasks = [names[t] for t in np.unique(records.run_task).tolist()]
-        if not tasks:
-            return InsertReceipt(added, {})
-        keys = [(names[t], states[h]) for t, h in zip(records.group_task.tolist(), records.group_state.tolist())]
-        moments, done = self._moments(batch_key, keys, tasks)  # one consistent reading, after the write
-        return InsertReceipt(added, done, None, moments)
 
     def wait_complete(
         self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float, receipt: InsertReceipt | None = None

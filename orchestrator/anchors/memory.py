@@ -15,6 +15,7 @@ from orchestrator.anchors.index import (
     AnchorIndexError,
     AnchorStep,
     InsertReceipt,
+    TrajectoryRecords,
     _histogram,
     _incomplete,
     _validate,
@@ -77,6 +78,27 @@ class MemoryAnchorIndex(AnchorIndex):
             del self._batches[k]
 
     def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
+        return sum(self._insert(batch_key, steps).values())
+
+    def insert_trajectories(self, batch_key: str, records: TrajectoryRecords) -> InsertReceipt:
+        """:meth:`AnchorIndex.insert_trajectories` through the per-step insert; ``added`` counts
+        the trajectories with a step not stored before."""
+        tk, rn, st, sid, ret, last = records.columns
+        names, states = records.task_names, records.state_names
+        new_runs = self._insert(batch_key, [
+            AnchorStep(names[t], r, k, states[h], x, last=e)
+            for t, r, k, h, x, e in zip(tk.tolist(), rn.tolist(), st.tolist(), sid.tolist(), ret.tolist(), last.tolist())
+        ])
+        tasks = [names[t] for t in np.unique(records.run_task).tolist()]
+        if not tasks:
+            return InsertReceipt(len(new_runs), {})
+        keys = [(names[t], states[h]) for t, h in zip(records.group_task.tolist(), records.group_state.tolist())]
+        moments, done = self._moments(batch_key, keys, tasks)  # one consistent reading, after the write
+        return InsertReceipt(len(new_runs), done, None, moments)
+
+    def _insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> dict[tuple[str, int], int]:
+        """Store the steps not stored yet (all or nothing: a conflict refuses the call); returns
+        the count of new steps of each trajectory ``(task, run)`` that got any."""
         steps = _validate(steps)
         with self._lock:
             self._expire()
@@ -92,14 +114,14 @@ class MemoryAnchorIndex(AnchorIndex):
                         f"already stored as {old}, got {payload}"
                     )
                 pending[key] = payload
-            added = 0
+            added: dict[tuple[str, int], int] = {}
             for s in steps:
                 key = (s.task, s.run, s.step)
                 rk = (s.task, s.run)
                 if key not in b.steps:
                     r = float(s.ret)
                     b.steps[key] = (s.state_hash, r)
-                    added += 1
+                    added[rk] = added.get(rk, 0) + 1
                     g = b.groups.get((s.task, s.state_hash))
                     if g is None:
                         b.groups[(s.task, s.state_hash)] = [1.0, r, 0.0, 0.0]
