@@ -39,6 +39,11 @@ def _floats(values: list) -> np.ndarray:
                         dtype=np.float64)
 
 
+def _finite(x: Any) -> bool:
+    """``x`` is a finite real number (not None, NaN, inf or a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+
 class OrchestratorOperator(ExperienceOperatorV1):
     """Experience-pipeline operator ``dso_orchestrator``: forward to the orchestrator, pass on what it releases.
 
@@ -229,7 +234,11 @@ class OrchestratorOperator(ExperienceOperatorV1):
         Every experience gets ``info["dso_batch_id"]`` and ``info["dso_reason"]``. Padding
         groups and masked members (``Group.valid`` False: a NaN reward under
         ``group_validity="mask"``, or a stale member) get an all-zero ``action_mask`` (zero
-        loss weight) and ``info["dso_padding"]`` / ``info["dso_masked"]``.
+        loss weight) and ``info["dso_padding"]`` / ``info["dso_masked"]``. Such an experience
+        whose ``reward`` is missing or not finite gets ``reward`` 0.0, the original kept in
+        ``info["dso_reward"]``: Trinity's trainer gathers every experience's reward into one
+        tensor (one None drops the batch's rewards, one NaN makes its reward metrics NaN);
+        ``dso_grpo`` leaves masked members out of the baseline whatever their reward.
         """
         out: list[TrinityExperience] = []
         batch_id = int(batch.batch_id)
@@ -244,6 +253,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
                     info["dso_padding" if g.padding else "dso_masked"] = True
                     if s.action_mask is not None:
                         s.action_mask = torch.zeros_like(s.action_mask)
+                    if not _finite(s.reward):  # Trinity's trainer gathers every reward
+                        info["dso_reward"], s.reward = s.reward, 0.0
             out.extend(steps)
         return out
 

@@ -186,6 +186,7 @@ def test_operator_masked_member_reaches_dso_grpo_with_zero_advantage(actor_name,
     adv, _ = DsoGRPOAdvantageFn().process(out)
     by_run = {e.eid.run: e for e in adv}
     assert by_run[1].info["dso_masked"] is True and by_run[1].advantages.abs().sum().item() == 0.0
+    assert by_run[1].reward == 0.0 and by_run[1].info["dso_reward"] is None  # a number for Trinity's trainer
     # the group's baseline is over its two usable members: mean 0, sample std sqrt(2)
     assert by_run[0].advantages[0].item() == pytest.approx(1.0 / (2**0.5 + 1e-6))
     assert by_run[2].advantages[0].item() == pytest.approx(-1.0 / (2**0.5 + 1e-6))
