@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
 
             summary = run_gigpo_training(cfg, progress=on_step, log=say)
         console.print(gigpo_train_table(summary))
-        console.print(f"written: {cfg.out_dir / 'gigpo_train.json'}, " + ", ".join(summary["plots"]))
+        console.print(f"written: {cfg.out_dir / 'gigpo_train.json'}, " + ", ".join([*summary["plots"], str(cfg.out_dir / "metrics.prom")]))
 
     @app.command()
     def train(
@@ -172,7 +172,7 @@ def register(app: typer.Typer) -> None:
 
             summary = run_dapo_training(cfg, progress=on_step, log=say)
         console.print(train_table(summary))
-        console.print(f"written: {cfg.out_dir / 'train.json'}, " + ", ".join(summary["plots"]))
+        console.print(f"written: {cfg.out_dir / 'train.json'}, " + ", ".join([*summary["plots"], str(cfg.out_dir / "metrics.prom")]))
 
     @app.command("compare-gigpo")
     def compare_gigpo(

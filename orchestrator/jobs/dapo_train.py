@@ -104,7 +104,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     from orchestrator.service.actor import OrchestratorActor
     from orchestrator.service.metrics import DSOMetrics
     from orchestrator.train.sync import TrainableEngineActor, WeightSync
-    from orchestrator.train.tiny import addition_tasks, ensure_policy
+    from orchestrator.train.tiny import MARKER, addition_tasks, ensure_policy
     from orchestrator.train.trainer import PolicyTrainer
 
     say = log or (lambda msg: None)
@@ -115,7 +115,8 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
 
     train, held = addition_tasks(digits=cfg.digits, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
                                  op=cfg.task)
-    say(f"warm start ({cfg.warm_steps} supervised steps, cached)")
+    cached = (_policy_dir(cfg) / MARKER).is_file()
+    say(f"warm start ({cfg.warm_steps} supervised steps{', from the cache' if cached else '; cached for the next run'})")
     model_dir = ensure_policy(_policy_dir(cfg), train, seed=cfg.seed, warm_steps=cfg.warm_steps, hidden=cfg.hidden,
                               layers=cfg.layers)
     say("starting the vLLM engine")
@@ -211,7 +212,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     ray.kill(actor)
     ray.kill(engine)
     rollouts_total = steps[-1]["rollouts"] if steps else 0
-    groups_trained = sum(s["sequences"] for s in steps) / cfg.policy.group_size
+    groups_trained = int(sum(s["sequences"] for s in steps)) // cfg.policy.group_size
     summary = {
         "config": json.loads(cfg.model_dump_json()),
         "wall_seconds": round(time.monotonic() - started, 1),

@@ -161,7 +161,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
     from orchestrator.service.metrics import DSOMetrics
     from orchestrator.tasks.taskset import TaskSet
     from orchestrator.train.sync import TrainableEngineActor, WeightSync
-    from orchestrator.train.tiny import FROZENLAKE_ACTIONS, ensure_frozenlake_policy
+    from orchestrator.train.tiny import FROZENLAKE_ACTIONS, MARKER, ensure_frozenlake_policy
     from orchestrator.train.trainer import PolicyTrainer
 
     say = log or (lambda msg: None)
@@ -173,7 +173,8 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
     maps = frozenlake.make_tasks(cfg.train_maps + cfg.heldout_maps, size=cfg.map_size, p=cfg.map_p, seed=1000 * cfg.seed)
     train_tasks, held_tasks = maps[: cfg.train_maps], maps[cfg.train_maps:]
     say(f"{cfg.train_maps} training and {cfg.heldout_maps} held-out {cfg.map_size}x{cfg.map_size} maps; "
-        f"policy warm start ({cfg.warm_steps} steps on random action letters, cached)")
+        f"policy warm start ({cfg.warm_steps} steps on random action letters"
+        f"{', from the cache' if (_policy_dir(cfg) / MARKER).is_file() else '; cached for the next run'})")
     model_dir = ensure_frozenlake_policy(_policy_dir(cfg), size=cfg.map_size, seed=cfg.seed, warm_steps=cfg.warm_steps,
                                          hidden=cfg.hidden, layers=cfg.layers)
     say("starting the vLLM engine")

@@ -1020,6 +1020,10 @@ def get_or_create_orchestrator(
         max_restarts: how often Ray restarts the actor when its process dies, resuming from its
             state file. Default: always (-1) with a state file (a ``SQLiteSink`` ``sink`` or a
             ``checkpoint_path``), else never (0: a restart would silently start empty).
+
+    A restart needs the constructor arguments again. Ray keeps arguments of more than
+    :data:`RAY_INLINE_BYTES` in its object store, owned by the calling process: a detached actor
+    whose creator has exited then cannot be restarted. Such a creation is logged as a warning.
     """
     if max_restarts is None:
         durable = isinstance(kwargs.get("sink"), SQLiteSink) or kwargs.get("checkpoint_path")
@@ -1027,4 +1031,14 @@ def get_or_create_orchestrator(
     options: dict[str, Any] = {"name": name, "namespace": namespace, "get_if_exists": True, "max_restarts": max_restarts}
     if detached:
         options["lifetime"] = "detached"
+        if max_restarts != 0 and (size := max(map(len, map(ray.cloudpickle.dumps, [*args, *kwargs.values()])))) > RAY_INLINE_BYTES:
+            log.warning(
+                "orchestrator %r: a constructor argument of %d bytes goes to Ray's object store, owned by this process; "
+                "once it exits, Ray cannot restart the detached actor after a crash (keep this process running, or "
+                "give the actor smaller arguments, e.g. tasks it loads itself)", name, size,
+            )
     return OrchestratorActor.options(**options).remote(*args, **kwargs)
+
+
+RAY_INLINE_BYTES = 100 * 1024
+"""Ray's ``max_direct_call_object_size`` default: larger task arguments go to the object store."""

@@ -79,7 +79,22 @@ class IndexTaskSet:
     def of_size(cls, n: int) -> IndexTaskSet:
         if n <= 0:
             raise ValueError(f"num_tasks: must be > 0, got {n}")
-        return cls([str(i) for i in range(n)])
+        return cls(_index_ids(n))
 
     def get(self, task_id: str):
         raise LookupError(f"task {task_id!r}: Trinity's explorer owns the prompts; this orchestrator has no rollout source")
+
+    def __reduce__(self) -> tuple:
+        # pickled as its size when the ids are "0".."N-1" (always, from of_size): a few bytes
+        # whatever N. The orchestrator is created with it as a constructor argument, and Ray
+        # keeps an argument above ~100 KB (about 15,000 ids) in its object store, owned by the
+        # creating process (Trinity's explorer): once that process is gone, Ray could not
+        # restart the detached actor after a crash (the argument is lost with its owner).
+        n = len(self.task_ids)
+        if n and self.task_ids[0] == "0" and self.task_ids[-1] == str(n - 1) and self.task_ids == _index_ids(n):
+            return IndexTaskSet.of_size, (n,)
+        return IndexTaskSet, (list(self.task_ids),)
+
+
+def _index_ids(n: int) -> list[str]:
+    return list(map(str, range(n)))

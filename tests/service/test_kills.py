@@ -6,14 +6,20 @@
 * 6 random kills while a driver calls ``submit_and_pop`` with call ids: the same, and every
   batch reaches the driver exactly once (a retried call gets the batches its lost answer held).
 * 16 concurrent submitters: the same accounting.
+* a detached orchestrator created by a driver that exited (as Trinity's explorer creates it)
+  restarts after a SIGKILL and resumes from its state file.
 """
 
+import logging
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import ray
@@ -23,6 +29,7 @@ from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import DEFAULT_NAMESPACE, get_or_create_orchestrator
 from orchestrator.service.sink import SQLiteSink
+from orchestrator.tasks.taskset import IndexTaskSet
 
 TASKS = [f"t{i}" for i in range(20)]
 N = 2
@@ -181,3 +188,39 @@ def test_sixteen_concurrent_submitters(ray_local, tmp_path):
         t.join()
     check_accounting(actor, sink_path, kinds)
     ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_a_detached_orchestrator_created_by_an_exited_explorer_restarts_after_a_crash(ray_local, tmp_path):
+    # Trinity's explorer creates the orchestrator (detached) for a 20,000-row taskset, then exits;
+    # the actor's process is then killed: Ray restarts it from its constructor arguments and it
+    # resumes from its state file (arguments above ~100 KB would have died with their owner)
+    name = "dso-orphan"
+    code = (
+        "import ray\n"
+        f"ray.init(address={ray_local.get_runtime_context().gcs_address!r}, namespace={DEFAULT_NAMESPACE!r})\n"
+        "from orchestrator.trinity.attach import AttachConfig, create_orchestrator\n"
+        f"cfg = AttachConfig(actor_name={name!r}, checkpoint_path={str(tmp_path / 'run.db')!r},"
+        " policy={'group_size': 2, 'target_groups': 1}, metrics=False)\n"
+        "ray.get(create_orchestrator(cfg, 20_000).set_model_version.remote(7))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    actor = ray.get_actor(name, namespace=DEFAULT_NAMESPACE)
+    try:
+        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        stats = retry(lambda: ray.get(actor.get_stats.remote()), deadline_s=60)
+        assert ray.get(actor.__ray_call__.remote(lambda self: os.getpid())) != pid
+        assert stats.model_version == 7  # resumed from the state file
+        assert ray.get(actor.__ray_call__.remote(lambda self: len(self.core.task_ids))) == 20_000
+    finally:
+        ray.kill(actor)
+
+
+def test_a_detached_orchestrator_with_an_argument_in_the_object_store_is_warned_about(ray_local, tmp_path, caplog):
+    tasks = IndexTaskSet([f"task-{i}" for i in range(20_000)])  # ~300 KB pickled: above Ray's inline limit
+    with caplog.at_level(logging.WARNING, logger="trinity_dso.actor"):
+        actor = get_or_create_orchestrator({"group_size": 2, "target_groups": 1}, tasks, name="dso-big-args",
+                                           detached=True, checkpoint_path=str(tmp_path / "run.db"))
+    ray.kill(actor)
+    assert "cannot restart the detached actor after a crash" in caplog.text

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
+from ray import cloudpickle
 
 from orchestrator.core.types import InvalidTaskError, Task, UnknownTaskError
 from orchestrator.tasks.generators import default_task_set, gen_champ, gen_copy, gen_rg_syllogism
 from orchestrator.tasks.scoring import extract_choice, extract_number, extract_yes_no, score_response
-from orchestrator.tasks.taskset import TaskSet
+from orchestrator.tasks.taskset import IndexTaskSet, TaskSet
 
 
 def _task(answer: str, fmt: str, kind: str = "t") -> Task:
@@ -172,3 +175,14 @@ def test_default_mix_covers_every_generator():
     from orchestrator.tasks.generators import DEFAULT_MIX, GENERATORS
 
     assert set(DEFAULT_MIX) == set(GENERATORS)
+
+
+def test_an_index_task_set_pickles_as_its_size():
+    big = IndexTaskSet.of_size(100_000)
+    data = cloudpickle.dumps(big)
+    assert len(data) < 2_000 and cloudpickle.loads(data) == big  # the ids would take ~790 KB
+
+
+def test_an_index_task_set_of_other_ids_pickles_them():
+    odd = IndexTaskSet(["0", "2", "1"])
+    assert pickle.loads(pickle.dumps(odd)).task_ids == ["0", "2", "1"]
