@@ -166,6 +166,8 @@ class VLLMEngine:
             raise ValueError(f"choices must be distinct non-empty strings, got {choices!r}")
         if not prompts:
             return []
+        # the longest choice's tokens, plus slack for EOS and for the constrained decoder reaching a
+        # choice through other tokens than encode() gives (it stops at the choice's end anyway)
         budget = max(len(self.tokenizer.encode(c, add_special_tokens=False)) for c in choices) + 4
         params = [
             SamplingParams(
