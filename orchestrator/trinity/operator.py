@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import uuid
@@ -40,8 +41,11 @@ def _floats(values: list) -> np.ndarray:
 
 
 def _finite(x: Any) -> bool:
-    """``x`` is a finite real number (not None, NaN, inf or a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+    """``x`` is a finite real number (a Python, numpy or 0-dim torch one; not None, NaN, inf or a bool)."""
+    try:
+        return not isinstance(x, bool) and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
 
 
 class OrchestratorOperator(ExperienceOperatorV1):
