@@ -101,17 +101,22 @@ class LabelReward(RewardFn):
     """Reward of the harness taskset, by the row's label (the ``response_key`` column).
 
     ``always``: 1 (an all-correct group), ``never``: 0 (all wrong), ``coin``: 1 when a hash of
-    the response text is even (a random tiny model makes such groups mostly informative).
+    the response text is even (a random tiny model makes such groups mostly informative),
+    ``split``: NaN for the group's first response (Trinity makes one instance per task and
+    scores its responses in order), then 1, 0, 1, ... (informative on the others).
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        pass
+        self.calls = 0
 
     def __call__(self, response: str, truth: str | None = None, **kwargs: Any) -> dict[str, float]:
+        self.calls += 1
         if truth == "always":
             return {"accuracy": 1.0}
         if truth == "never":
             return {"accuracy": 0.0}
+        if truth == "split":
+            return {"accuracy": float("nan") if self.calls == 1 else float(self.calls % 2 == 0)}
         return {"accuracy": float(hashlib.sha256(response.encode()).digest()[0] % 2)}
 
 

@@ -18,6 +18,7 @@ Trinity's trainer needs CUDA (verl) and does not run here.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -39,7 +40,7 @@ ACTOR = "dso-trinity-it"
 
 
 def label(i: int) -> str:
-    return "always" if i % 4 == 3 else "never" if i % 8 == 6 else "coin"
+    return "always" if i % 4 == 3 else "never" if i % 8 == 6 else "split" if i % 8 == 1 else "coin"
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,8 @@ def write_config(tmp: Path, model: Path, name: str) -> Path:
                     "format": {"prompt_key": "prompt", "response_key": "label"},
                     "rollout_args": {"temperature": 1.0, "max_tokens": 8},
                     "data_selector": {"selector_type": "dso_orchestrator",
-                                      "kwargs": {"actor_name": ACTOR, "policy": {"filter": {"judge": "accuracy"}}}},
+                                      "kwargs": {"actor_name": ACTOR, "policy": {"filter": {"judge": "accuracy"},
+                                                                                "group_validity": "mask"}}},
                 },
                 "default_workflow_type": "simple_workflow",
                 "default_reward_fn_type": "dso_trinity_harness.LabelReward",
@@ -361,6 +363,16 @@ def test_the_restart_happened_with_the_actor_ahead_of_trinitys_checkpoint(trinit
     state = trinity_run["state_at_kill"]
     assert sum(state["history"]["groups"]) >= trinity_run["explorer_ckpt_step"] * B
     assert state["attachment"]["run"].endswith(trinity_run["cfg"].name)
+
+
+def test_a_member_without_a_usable_reward_reaches_the_trainer_masked(trinity_run):
+    # label "split": a group's first response scores NaN; group_validity "mask" keeps the group
+    released = [e for b in trinity_run["batches"] for e in b]
+    masked = [e for e in released if e.info.get("dso_masked")]
+    assert masked, "no masked member reached the trainer side"
+    assert all(e.reward == 0.0 and math.isnan(e.info["dso_reward"]) for e in masked)
+    assert all(float(e.advantages.abs().max()) == 0.0 and float(e.action_mask.sum()) == 0 for e in masked)
+    assert all(math.isfinite(e.reward) for e in released)  # Trinity's trainer gathers every reward
 
 
 def test_rest_patch_reaches_the_running_explorer(trinity_run):
