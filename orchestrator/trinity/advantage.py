@@ -141,6 +141,17 @@ _MASKED = "dso_masked"
 """``info`` key of a member the orchestrator masked (see :class:`~orchestrator.trinity.operator.OrchestratorOperator`)."""
 
 
+def _masked_rows(exps: list[TrinityExperience]) -> np.ndarray | None:
+    """(N,) bool: the experience is of a member the orchestrator masked (``info["dso_masked"]``,
+    zero loss weight); None when none is (one C-level pass over the infos)."""
+    infos = list(map(INFO, exps))
+    if not all(infos):  # None or {}: read as an empty info
+        infos = [i or NO_INFO for i in infos]
+    if not any(map(operator.contains, infos, itertools.repeat(_MASKED))):
+        return None
+    return np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(exps))
+
+
 def _address_order(exps: list) -> tuple[list, np.ndarray]:
     """The experiences sorted by address (``id``), and ``pos``: ``sorted[k] is exps[pos[k]]``.
 
@@ -255,12 +266,8 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         codes = _group_codes(exps)
         rewards = [e.reward for e in exps]
         r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
-        infos = list(map(INFO, exps))
-        if not all(infos):  # None or {}: read as an empty info
-            infos = [i or NO_INFO for i in infos]
-        masked = None
-        if any(map(operator.contains, infos, itertools.repeat(_MASKED))):
-            masked = np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(exps))
+        masked = _masked_rows(exps)
+        if masked is not None:
             r64[masked] = 0.0  # out of every statistic below
         bad = ~np.isfinite(r64)
         if bad.any():
@@ -538,7 +545,12 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
       batch and would compare their returns;
     * a singleton episode group gets A_E = 0 (Trinity: ``R / (1 + epsilon)``);
     * statistics are float64 (Trinity: float32);
-    * defaults are the paper's (gamma 0.95, F_norm = std); Trinity's are gamma 1, F_norm 1.
+    * defaults are the paper's (gamma 0.95, F_norm = std); Trinity's are gamma 1, F_norm 1;
+    * the steps of a trajectory the orchestrator masked (``info["dso_masked"]``: a missing or
+      NaN reward under ``group_validity="mask"``, or a stale member) are left out of their
+      episode group and of every anchor group (their step rewards may be missing) and get
+      advantage 0; the others get exactly what the batch without them gives. Trinity's
+      ``gigpo`` counts every trajectory (and fails on a missing reward).
 
     On a batch of one task with n > 1 trajectories and the same arguments the two agree up to
     float32 rounding.
@@ -635,6 +647,11 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """
         if not exps:
             return [], {}
+        masked = _masked_rows(exps)
+        if masked is not None:  # computed without them; their steps get 0
+            _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
+            write_token_advantages(list(itertools.compress(exps, masked)), np.zeros(int(masked.sum())))
+            return exps, metrics
         with _gc_paused():  # reading, maths and write-back allocate no cycles: no collection mid-batch
             order = _address_order(exps)  # shared by the reading and the write-back
             r = self.rows(exps, order)
@@ -918,9 +935,21 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         Returns:
             the experiences, and ``dso_gigpo/mean_abs_A_E``, ``dso_gigpo/mean_abs_A_S`` and
             ``dso_gigpo_index/seconds`` (reading, index round trips and waiting).
+        Raises:
+            algos.gigpo.InvalidStepError: a step of a member the orchestrator masked
+                (``info["dso_masked"]``): the index's anchor groups wait for every run of a
+                task and cannot leave it out (names the first, and the policy fields to change).
         """
         if not exps:
             return [], {}
+        masked = _masked_rows(exps)
+        if masked is not None:
+            k = int(np.flatnonzero(masked)[0])
+            raise InvalidStepError(
+                f"dso_gigpo_index: {int(masked.sum())} steps of members the orchestrator masked (first: row {k}, group "
+                f"{exps[k].eid.tid!r}, run {exps[k].eid.run}); the index's anchor groups wait for every run of a task, so it "
+                "cannot leave them out: set the policy's group_validity to 'reject' and stale_members to 'oldest', or use dso_gigpo"
+            )
         t0 = time.perf_counter()
         order = _address_order(exps)  # shared by the reading and the write-back
         res = self.compute(exps, order)

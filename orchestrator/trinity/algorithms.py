@@ -74,7 +74,8 @@ def configure_orchestrated_run(config: Any) -> None:
         ValueError, naming the fields and values: no ``dso_orchestrator`` operator in
             ``data_processor.experience_pipeline.operators``; conflicting settings;
             ``group_size`` != ``repeat_times``; ``target_groups x repeat_times !=
-            train_batch_size``; ``dso_gigpo_index`` without an anchor index; ``mode: both``
+            train_batch_size``; ``dso_gigpo_index`` without an anchor index or with a policy that
+            masks members (``group_validity`` / ``stale_members`` ``"mask"``); ``mode: both``
             with a synchronisation that waits for the trainer at fixed steps (``sync_style``
             other than ``trainer_driven`` with ``sync_method: nccl``, or ``fully_async``): the
             trainer waits for a batch the filter has not released yet while the explorer waits
@@ -154,6 +155,14 @@ def configure_orchestrated_run(config: Any) -> None:
                 f"algorithm.advantage_fn: {INDEX_ADVANTAGE_NAME!r} needs the orchestrator's anchor index: set "
                 f"{places[0][0]}.anchor_index (e.g. {{redis_url: redis://host:6379/0, prefix: dso:<run>}}, or {{}} "
                 "for one in the actor's memory)"
+            )
+        policy = cfg.resampling_policy()
+        if policy.group_validity == "mask" or policy.stale_members == "mask":
+            raise ValueError(
+                f"{places[0][0]}.policy: group_validity {policy.group_validity!r} / stale_members "
+                f"{policy.stale_members!r}: {INDEX_ADVANTAGE_NAME!r} cannot leave masked members out of its anchor "
+                "groups (they wait for every run of a task); use group_validity 'reject' and stale_members 'oldest', "
+                "or advantage_fn 'dso_gigpo'"
             )
         args.update(actor_name=cfg.actor_name, namespace=cfg.namespace, group_size=n)
         algo.advantage_fn_args = args

@@ -119,6 +119,22 @@ def test_dso_gigpo_equals_the_previous_implementation_bit_for_bit():
     assert all(torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns) for a, b in zip(got, ref))
 
 
+def test_dso_gigpo_leaves_a_masked_trajectory_out_of_every_group():
+    # batch 0, task 1, run 2 masked by the orchestrator, its step rewards missing: the other steps
+    # get exactly what the batch without that trajectory gives, its steps 0
+    exps = agent_batch(seed=2)
+    for e in exps:
+        if (e.eid.batch, e.eid.task, e.eid.run) == (0, 1, 2):
+            e.info.update(dso_masked=True, step_reward=float("nan"))
+    kept = copy.deepcopy([e for e in exps if not e.info.get("dso_masked")])
+    DsoGiGPOAdvantageFn(**ARGS).process(kept)
+    got, _ = DsoGiGPOAdvantageFn(**ARGS).process(exps)
+    masked = [e for e in got if e.info.get("dso_masked")]
+    assert masked and all(float(e.advantages.abs().max()) == 0.0 for e in masked)
+    others = [e for e in got if not e.info.get("dso_masked")]
+    assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(others, kept))
+
+
 def test_dso_gigpo_metrics_equal_the_previous_ones():
     exps = agent_batch(seed=1)
     rows, _ = previous_rows(exps)

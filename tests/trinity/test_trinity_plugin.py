@@ -580,3 +580,15 @@ def test_selector_draws_by_informativeness_when_the_policy_says_so(ray_local):
     stats = ray_local.get(actor.get_stats.remote())
     assert stats.selection == "informative" and stats.selection_metrics["picks"] == 6
     ray_local.kill(actor)
+
+
+def test_check_config_refuses_the_index_advantage_with_a_policy_that_masks_members(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "algorithm: {algorithm_type: dso_gigpo, repeat_times: 4, advantage_fn: dso_gigpo_index}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator, "
+        "args: {anchor_index: {}, policy: {group_validity: mask}}}]}}\n",
+        tmp_path,
+    )
+    with pytest.raises(ValueError, match=r"policy: group_validity 'mask' / stale_members 'oldest': 'dso_gigpo_index' cannot"):
+        DsoGiGPOAlgorithm.check_config(cfg)

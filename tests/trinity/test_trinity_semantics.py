@@ -71,6 +71,13 @@ def test_gigpo_index_refuses_options_it_cannot_honour():
         DsoGiGPOIndexAdvantageFn(singleton_episode="raw", redis_url="redis://127.0.0.1:6379/0")
 
 
+def test_gigpo_index_refuses_masked_members_naming_the_policy_fields():
+    exps = [step(0, 0, 0, 1.0, "a"), step(0, 1, 0, 0.0, "a")]
+    exps[1].info["dso_masked"] = True
+    with pytest.raises(InvalidStepError, match=r"1 steps of members the orchestrator masked.*run 1.*group_validity"):
+        DsoGiGPOIndexAdvantageFn(redis_url="redis://127.0.0.1:6379/0").process_sync(exps)
+
+
 def test_gigpo_index_refuses_unknown_arguments():
     with pytest.raises(ValueError, match=r"\['omgea'\]"):
         DsoGiGPOIndexAdvantageFn(omgea=1.0)
