@@ -141,15 +141,23 @@ _MASKED = "dso_masked"
 """``info`` key of a member the orchestrator masked (see :class:`~orchestrator.trinity.operator.OrchestratorOperator`)."""
 
 
-def _masked_rows(exps: list[TrinityExperience]) -> np.ndarray | None:
-    """(N,) bool: the experience is of a member the orchestrator masked (``info["dso_masked"]``,
-    zero loss weight); None when none is (one C-level pass over the infos)."""
-    infos = list(map(INFO, exps))
+def _masked_rows(exps: list[TrinityExperience], order: tuple[list, np.ndarray] | None = None) -> np.ndarray | None:
+    """(N,) bool in the order of ``exps``: the experience is of a member the orchestrator masked
+    (``info["dso_masked"]``, zero loss weight); None when none is. One C-level pass over the
+    infos, in memory order when ``order`` (:func:`_address_order`) is given (a shuffled batch of
+    25,600 steps: 11 ms in list order)."""
+    xs = exps if order is None else order[0]
+    infos = list(map(INFO, xs))
     if not all(infos):  # None or {}: read as an empty info
         infos = [i or NO_INFO for i in infos]
     if not any(map(operator.contains, infos, itertools.repeat(_MASKED))):
         return None
-    return np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(exps))
+    masked = np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(xs))
+    if order is None:
+        return masked
+    out = np.empty_like(masked)
+    out[order[1]] = masked  # xs[k] is exps[pos[k]]
+    return out
 
 
 def _address_order(exps: list) -> tuple[list, np.ndarray]:
@@ -647,13 +655,13 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """
         if not exps:
             return [], {}
-        masked = _masked_rows(exps)
-        if masked is not None:  # computed without them; their steps get 0
-            _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
-            write_token_advantages(list(itertools.compress(exps, masked)), np.zeros(int(masked.sum())))
-            return exps, metrics
         with _gc_paused():  # reading, maths and write-back allocate no cycles: no collection mid-batch
             order = _address_order(exps)  # shared by the reading and the write-back
+            masked = _masked_rows(exps, order)
+            if masked is not None:  # computed without them; their steps get 0
+                _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
+                write_token_advantages(list(itertools.compress(exps, masked)), np.zeros(int(masked.sum())))
+                return exps, metrics
             r = self.rows(exps, order)
             res = self._compute(exps, r)
             write_token_advantages(exps, res.advantages, order=order)
@@ -942,7 +950,9 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         """
         if not exps:
             return [], {}
-        masked = _masked_rows(exps)
+        t0 = time.perf_counter()
+        order = _address_order(exps)  # shared by the reading and the write-back
+        masked = _masked_rows(exps, order)
         if masked is not None:
             k = int(np.flatnonzero(masked)[0])
             raise InvalidStepError(
@@ -950,8 +960,6 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
                 f"{exps[k].eid.tid!r}, run {exps[k].eid.run}); the index's anchor groups wait for every run of a task, so it "
                 "cannot leave them out: set the policy's group_validity to 'reject' and stale_members to 'oldest', or use dso_gigpo"
             )
-        t0 = time.perf_counter()
-        order = _address_order(exps)  # shared by the reading and the write-back
         res = self.compute(exps, order)
         seconds = time.perf_counter() - t0
         write_token_advantages(exps, res["advantages"], order=order)
