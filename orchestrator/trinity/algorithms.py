@@ -143,7 +143,7 @@ def configure_orchestrated_run(config: Any) -> None:
         "experiences per step"
     )
     cfg = AttachConfig.parse(merged, places[0][0])
-    cfg.resampling_policy()  # an invalid policy fails here, at config time
+    policy = cfg.resampling_policy()  # an invalid policy fails here, at config time
     settings = cfg.model_dump(mode="json")
     for _, obj, attr in places:
         setattr(obj, attr, dict(settings))
@@ -156,7 +156,6 @@ def configure_orchestrated_run(config: Any) -> None:
                 f"{places[0][0]}.anchor_index (e.g. {{redis_url: redis://host:6379/0, prefix: dso:<run>}}, or {{}} "
                 "for one in the actor's memory)"
             )
-        policy = cfg.resampling_policy()
         if policy.group_validity == "mask" or policy.stale_members == "mask":
             raise ValueError(
                 f"{places[0][0]}.policy: group_validity {policy.group_validity!r} / stale_members "
