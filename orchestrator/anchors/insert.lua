@@ -5,14 +5,7 @@
 -- (length-prefixed task, see _field). Reads and writes are batched per call (one HMGET /
 -- HSET per hash); group moments are updated in arrival order with the same operations as
 -- MemoryAnchorIndex (_add_moment).
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if ARGV[2] ~= '' and epoch ~= ARGV[2] then
-  return redis.error_reply('EPOCH batch state lost: expected epoch ' .. ARGV[2] .. ', found ' .. tostring(epoch))
-end
-if not epoch then
-  epoch = ARGV[3]
-  redis.call('HSET', KEYS[1], 'epoch', epoch)
-end
+-- (epoch.lua runs first: `epoch` is the batch's epoch, checked against ARGV[2] or set to ARGV[3])
 local T, RUN, STEP, H, V, LAST, SF, GF, RF = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local count = 0
 for rec in string.gmatch(ARGV[4], '[^\30]+') do

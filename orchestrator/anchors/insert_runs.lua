@@ -16,14 +16,7 @@
 -- the stored moments of each group of ARGV[5] after the call: one string 'n c S1 S2 n c S1 S2 ...'};
 -- errors: EPOCH, BADRECORD, CONFLICT, and PARTIAL <0-based indices of the new trajectories>
 -- when the call mixes stored and new trajectories (nothing written; the caller resends the new ones).
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if ARGV[2] ~= '' and epoch ~= ARGV[2] then
-  return redis.error_reply('EPOCH batch state lost: expected epoch ' .. ARGV[2] .. ', found ' .. tostring(epoch))
-end
-if not epoch then
-  epoch = ARGV[3]
-  redis.call('HSET', KEYS[1], 'epoch', epoch)
-end
+-- (epoch.lua runs first: `epoch` is the batch's epoch, checked against ARGV[2] or set to ARGV[3])
 local function hset_chunked(key, kv)
   for lo = 1, #kv, 4000 do
     redis.call('HSET', key, unpack(kv, lo, math.min(lo + 3999, #kv)))

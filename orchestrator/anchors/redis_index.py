@@ -26,10 +26,11 @@ from orchestrator.anchors.index import (
     _validate,
 )
 
-_INSERT_LUA = (Path(__file__).with_name("insert.lua")).read_text()
-"""The insert script (KEYS and ARGV documented in the file)."""
-_INSERT_RUNS_LUA = (Path(__file__).with_name("insert_runs.lua")).read_text()
-"""The whole-trajectory insert script (KEYS and ARGV documented in the file)."""
+_EPOCH_LUA = (Path(__file__).with_name("epoch.lua")).read_text()
+_INSERT_LUA = _EPOCH_LUA + (Path(__file__).with_name("insert.lua")).read_text()
+"""The insert script, after the epoch prelude (KEYS and ARGV documented in the files)."""
+_INSERT_RUNS_LUA = _EPOCH_LUA + (Path(__file__).with_name("insert_runs.lua")).read_text()
+"""The whole-trajectory insert script, after the epoch prelude (KEYS and ARGV documented in the files)."""
 
 
 _KINDS = ("meta", "steps", "groups", "runs", "done", "events")
