@@ -44,7 +44,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
-from orchestrator.trinity.fields import BATCH, EID, INFO, NO_INFO, TASK, first_appearance_codes, tid_codes
+from orchestrator.trinity.fields import BATCH, EID, INFO, MASKED, NO_INFO, TASK, first_appearance_codes, tid_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -137,8 +137,6 @@ _consume = collections.deque(maxlen=0).extend
 
 
 _ACTION_MASK = operator.attrgetter("action_mask")
-_MASKED = "dso_masked"
-"""``info`` key of a member the orchestrator masked (see :class:`~orchestrator.trinity.operator.OrchestratorOperator`)."""
 
 
 def _masked_rows(exps: list[TrinityExperience], order: tuple[list, np.ndarray] | None = None) -> np.ndarray | None:
@@ -150,9 +148,9 @@ def _masked_rows(exps: list[TrinityExperience], order: tuple[list, np.ndarray] |
     infos = list(map(INFO, xs))
     if not all(infos):  # None or {}: read as an empty info
         infos = [i or NO_INFO for i in infos]
-    if not any(map(operator.contains, infos, itertools.repeat(_MASKED))):
+    if not any(map(operator.contains, infos, itertools.repeat(MASKED))):
         return None
-    masked = np.fromiter(map(bool, map(operator.methodcaller("get", _MASKED), infos)), dtype=bool, count=len(xs))
+    masked = np.fromiter(map(bool, map(operator.methodcaller("get", MASKED), infos)), dtype=bool, count=len(xs))
     if order is None:
         return masked
     out = np.empty_like(masked)

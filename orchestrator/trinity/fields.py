@@ -15,6 +15,9 @@ BATCH = operator.attrgetter("batch")
 TASK = operator.attrgetter("task")
 NO_INFO: dict = {}
 """Read in place of an experience's missing (None or empty) ``info``; never written."""
+MASKED = "dso_masked"
+"""``info`` key of a released member the orchestrator masked (zero loss weight): set by the
+operator, read by the advantage functions."""
 
 
 def first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:

@@ -27,7 +27,7 @@ from orchestrator.trinity.attach import (
     new_session,
     trinity_task_id,
 )
-from orchestrator.trinity.fields import BATCH, EID, INFO, NO_INFO, RUN, STEP, TASK, tid_codes
+from orchestrator.trinity.fields import BATCH, EID, INFO, MASKED, NO_INFO, RUN, STEP, TASK, tid_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -254,7 +254,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 info["dso_batch_id"] = batch_id
                 info["dso_reason"] = g.reason
                 if g.padding or (masked and int(s.eid.run) in masked):
-                    info["dso_padding" if g.padding else "dso_masked"] = True
+                    info["dso_padding" if g.padding else MASKED] = True
                     if s.action_mask is not None:
                         s.action_mask = torch.zeros_like(s.action_mask)
                     if not _finite(s.reward):  # Trinity's trainer gathers every reward
