@@ -3,27 +3,21 @@ group-relative advantages), ``dso_gigpo`` (in process) and ``dso_gigpo_index`` (
 orchestrator's anchor index).
 
 Each reads the fields it needs off the experiences once, into arrays; computes on the arrays;
-and writes the token advantages back with :func:`write_token_advantages` (a constant number of
+and writes the token advantages back with
+:func:`orchestrator.trinity.writeback.write_token_advantages` (a constant number of
 tensor operations for the whole batch, not one multiply and one copy per experience).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import gc
 import itertools
 import logging
-import operator
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
-import torch
 from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
@@ -44,156 +38,11 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
-from orchestrator.trinity.fields import BATCH, EID, INFO, MASKED, NO_INFO, TASK, first_appearance_codes, tid_codes
+from orchestrator.trinity.fields import NO_INFO, address_order, group_codes, masked_rows
+from orchestrator.trinity.steps import StepRows
+from orchestrator.trinity.writeback import gc_paused, write_token_advantages
 
 log = logging.getLogger("trinity_dso.trinity")
-
-
-
-# ---------------------------------------------------------------------------------- token write-back
-def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order: tuple[list, np.ndarray] | None = None) -> None:
-    """Set ``advantages = A * action_mask`` and ``returns`` (an equal copy) on every experience.
-
-    The result is bit for bit the per-experience ``action_mask.to(float32) * A`` then
-    ``.clone()`` of Trinity's ``gigpo`` / ``grpo`` write-back (``GiGPOAdvantageFn._apply_mask``:
-    A rounded to float32, a 0 mask entry gives a signed zero), done for the whole batch as one
-    concatenation of the masks (one ``torch.stack`` into (N, T) when they have equal lengths,
-    else one ``torch.cat``), one multiply (a broadcast over the rows, else with the scalars
-    repeated over the tokens) and one copy. The two arrays are then split into per-experience
-    views (their rows, or slices at the mask boundaries), each wrapped without copying by
-    ``torch.from_numpy`` and assigned with ``setattr`` in C-level ``map`` passes. The views do
-    not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
-    Trinity's ``Experience.serialize_many`` sees distinct storages and clones nothing). An
-    experience without ``action_mask`` gets a 0-dim ``tensor(A, float32)``, as in Trinity. The
-    experiences are visited in memory order (:func:`_address_order`), which only changes which
-    rows of the arrays back which experience.
-
-    Args:
-        exps: N experiences; ``action_mask`` (T_i,) bool / int / float on the CPU, or None.
-        scalars: (N,) float, one advantage per experience, in the order of ``exps``.
-        order: ``_address_order(exps)`` when the caller already has it (read the rows with it).
-    Raises:
-        ValueError: ``scalars`` is not one value per experience.
-    """
-    a = np.asarray(scalars, dtype=np.float32).reshape(-1)
-    if a.shape[0] != len(exps):
-        raise ValueError(f"scalars: {a.shape[0]} values for {len(exps)} experiences")
-    if not exps:
-        return
-    exps, pos = order if order is not None else _address_order(exps)  # memory order: each pass walks the heap forward
-    masks = list(map(_ACTION_MASK, exps))
-    a = a[pos]
-    if any(map(operator.is_, masks, itertools.repeat(None))):
-        with_mask = [k for k, m in enumerate(masks) if m is not None]
-        for k in sorted(set(range(len(exps))) - set(with_mask)):
-            exps[k].advantages = torch.tensor(float(a[k]), dtype=torch.float32)
-            exps[k].returns = exps[k].advantages.clone()
-        exps = [exps[k] for k in with_mask]
-        masks = [masks[k] for k in with_mask]
-        a = a[with_mask]
-        if not exps:
-            return
-    try:  # equal lengths (the usual case): one (N, T) stack, and the rows are the views
-        flat = torch.stack(masks)
-    except RuntimeError:  # ragged masks: one flat concatenation, sliced at the mask boundaries
-        flat = None
-    if flat is not None and flat.ndim == 2 and flat.shape[1] > 0:
-        adv = flat.to(torch.float32).numpy() * a[:, None]
-        ret = adv.copy()
-        adv_parts, ret_parts = map(torch.from_numpy, adv), map(torch.from_numpy, ret)
-    else:
-        lengths = np.fromiter(map(torch.Tensor.numel, masks), dtype=np.int64, count=len(masks))
-        adv = torch.cat(masks).reshape(-1).to(torch.float32).numpy() * np.repeat(a, lengths)
-        ret = adv.copy()
-        ends = np.cumsum(lengths)
-        cuts = list(map(slice, (ends - lengths).tolist(), ends.tolist()))
-        adv_parts = map(torch.from_numpy, map(adv.__getitem__, cuts))
-        ret_parts = map(torch.from_numpy, map(ret.__getitem__, cuts))
-    with _gc_paused():  # 2N new tensors, no reference cycles: no collection is due for them
-        _consume(map(setattr, exps, itertools.repeat("advantages"), adv_parts))
-        _consume(map(setattr, exps, itertools.repeat("returns"), ret_parts))
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while a batch allocates its many acyclic objects
-    (each allocation would otherwise count towards a collection that scans the whole heap;
-    measured: a first write-back of 25,600 experiences spent 0.3 s of 0.43 s in collections;
-    ``dso_gigpo`` paused over its reading and maths too: 116 ms -> 80 ms per 25,600 steps);
-    restored on exit, also when it was already disabled by the caller. The collections that
-    fall due run after it, at the next allocation."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-_consume = collections.deque(maxlen=0).extend
-"""Run an iterator to its end in C (``deque(maxlen=0).extend``), keeping nothing."""
-
-
-_ACTION_MASK = operator.attrgetter("action_mask")
-
-
-def _masked_rows(exps: list[TrinityExperience], order: tuple[list, np.ndarray] | None = None) -> np.ndarray | None:
-    """(N,) bool in the order of ``exps``: the experience is of a member the orchestrator masked
-    (``info["dso_masked"]``, zero loss weight); None when none is. One C-level pass over the
-    infos, in memory order when ``order`` (:func:`_address_order`) is given (a shuffled batch of
-    25,600 steps: 11 ms in list order)."""
-    xs = exps if order is None else order[0]
-    infos = list(map(INFO, xs))
-    if not all(infos):  # None or {}: read as an empty info
-        infos = [i or NO_INFO for i in infos]
-    if not any(map(operator.contains, infos, itertools.repeat(MASKED))):
-        return None
-    masked = np.fromiter(map(bool, map(operator.methodcaller("get", MASKED), infos)), dtype=bool, count=len(xs))
-    if order is None:
-        return masked
-    out = np.empty_like(masked)
-    out[order[1]] = masked  # xs[k] is exps[pos[k]]
-    return out
-
-
-def _address_order(exps: list) -> tuple[list, np.ndarray]:
-    """The experiences sorted by address (``id``), and ``pos``: ``sorted[k] is exps[pos[k]]``.
-
-    A batch is usually a shuffle of objects allocated one after the other; reading a field off
-    each in list order then misses the cache on almost every object, while in address order the
-    hardware prefetcher follows (measured: the field passes of a 25,600-step batch 2.5x faster).
-    Costs one ``id`` pass and one integer argsort.
-    """
-    addr = np.fromiter(map(id, exps), dtype=np.uint64, count=len(exps))
-    pos = np.argsort(addr)  # distinct objects have distinct addresses: no ties to order
-    return list(map(exps.__getitem__, pos.tolist())), pos
-
-
-def _inverse(pos: np.ndarray) -> np.ndarray:
-    """The inverse permutation: ``_inverse(pos)[pos] == arange(N)``."""
-    back = np.empty_like(pos)
-    back[pos] = np.arange(pos.size)
-    return back
-
-
-def _relabel_by_first_row(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Codes in [0, k) renumbered in order of first appearance along the rows; also the old
-    code of each new label (no sort of the rows: a first-row table over the k codes)."""
-    first = np.full(k, codes.size, dtype=np.int64)
-    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write of a code is its first row
-    old_of_new = np.argsort(first, kind="stable")
-    new_of_old = np.empty(k, dtype=np.int64)
-    new_of_old[old_of_new] = np.arange(k)
-    return new_of_old[codes], old_of_new
-
-
-def _group_codes(exps: list[TrinityExperience]) -> np.ndarray:
-    """(N,) int64: each experience's group, Trinity's ``eid.tid`` (explore step, task), numbered
-    in order of first appearance (Trinity's ``group_by`` order)."""
-    eids = list(map(EID, exps))
-    return tid_codes(list(map(BATCH, eids)), list(map(TASK, eids)))[0]
 
 
 # ---------------------------------------------------------------------------------- GRPO
@@ -269,10 +118,10 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         Raises:
             algos.dapo.InvalidGroupError: a missing or non-finite reward of a member not masked.
         """
-        codes = _group_codes(exps)
+        codes = group_codes(exps)
         rewards = [e.reward for e in exps]
         r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
-        masked = _masked_rows(exps)
+        masked = masked_rows(exps)
         if masked is not None:
             r64[masked] = 0.0  # out of every statistic below
         bad = ~np.isfinite(r64)
@@ -307,7 +156,7 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """
         if not exps:
             return [], {}
-        with _gc_paused():  # no cycles allocated: no collection mid-batch
+        with gc_paused():  # no cycles allocated: no collection mid-batch
             codes, adv, mean, std = self.compute(exps)
             order = np.argsort(codes, kind="stable")
             out = [exps[i] for i in order.tolist()]
@@ -319,176 +168,6 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
                 metrics[f"group_advantages/{name}/{stat}"] = fn(v).item()
         metrics["filtered_count"] = 0
         return out, metrics
-
-
-# ---------------------------------------------------------------------------------- GiGPO rows
-@dataclass
-class StepRows:
-    """The per-step rows of a batch of Trinity experiences, each (N,) in the batch's order.
-
-    Attributes:
-        group: int64, Trinity's ``eid.tid`` (explore step, task), first-appearance order.
-        run: int64, ``eid.run``.
-        step: int64, ``eid.step``.
-        reward: float64, ``info[step_reward_key]``; a trajectory with none takes its last
-            step's ``reward`` (0 when None) as a terminal reward, its other steps 0.
-        state: int64 anchor state: equal codes for equal ``info[env_state_hash_key]`` (str, or
-            bytes taken as their hex text); a step without a hash gets a code of its own.
-        hashed: bool, the step has an ``env_state_hash``.
-        invalid: bool, ``info[action_valid_key] is False``.
-        text: object, ``info[state_text_key]`` (None where absent); None when not read.
-        traj: int64 in [0, num_traj), the trajectory (group, run).
-        state_names: the hash text of each code below ``len(state_names)`` (hashed states).
-        group_keys: the ``(eid.batch, eid.task)`` of each group code.
-    """
-
-    group: np.ndarray
-    run: np.ndarray
-    step: np.ndarray
-    reward: np.ndarray
-    state: np.ndarray
-    hashed: np.ndarray
-    invalid: np.ndarray
-    text: np.ndarray | None
-    traj: np.ndarray
-    state_names: list[str]
-    group_keys: list[tuple[Any, Any]]
-
-    def state_keys(self, solo: str = "\x00solo/{row}") -> np.ndarray:
-        """(N,) object: each row's hash text, or ``solo`` formatted with its ``row`` when it has none."""
-        names = np.empty(int(self.state.max()) + 1, dtype=object)
-        names[: len(self.state_names)] = self.state_names
-        rows = np.flatnonzero(~self.hashed)
-        names[self.state[rows]] = [solo.format(row=i) for i in rows.tolist()]
-        return names[self.state]
-
-    def group_names(self) -> list[str]:
-        """Trinity's ``eid.tid`` text (``"<batch>/<task>"``) of each group code."""
-        return [f"{b}/{t}" for b, t in self.group_keys]
-
-    @classmethod
-    def read(
-        cls,
-        exps: list[TrinityExperience],
-        step_reward_key: str,
-        env_state_hash_key: str,
-        action_valid_key: str = "is_action_valid",
-        state_text_key: str = "env_state_text",
-        *,
-        texts: bool = True,
-        order: tuple[list, np.ndarray] | None = None,
-    ) -> StepRows:
-        """Read the rows off ``exps``: one C-level pass per field (``map`` over attribute and
-        item getters) over the experiences in memory order (:func:`_address_order`), keys
-        factorised to integer codes through dicts, no per-row objects; the columns are then put
-        back in the batch's order and the groups numbered by first appearance in it.
-
-        Args:
-            texts: also read ``info[state_text_key]`` (only similarity grouping needs it).
-            order: ``_address_order(exps)`` when the caller already has it (to share it with
-                :func:`write_token_advantages`).
-        Raises:
-            algos.gigpo.InvalidStepError: a state hash that is empty, or neither str nor bytes,
-                or a step reward that is not a number (names row, group, run, step).
-        """
-        n = len(exps)
-        xs, pos = order if order is not None else _address_order(exps)  # passes in memory order; columns put back below
-        back = _inverse(pos)  # batch row i is xs[back[i]]
-        eids = list(map(EID, xs))
-        infos = list(map(INFO, xs))
-        if not all(infos):  # None or {}: read as an empty info
-            infos = [i or NO_INFO for i in infos]
-        batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
-        code, uniq = tid_codes(batches, tasks)
-        group, old_of_new = _relabel_by_first_row(code[back], len(uniq))  # Trinity's group_by order
-        group_keys = [uniq[k] for k in old_of_new.tolist()]
-        run = np.array(runs, dtype=np.int64)[back]
-        step = np.array(steps, dtype=np.int64)[back]
-
-        def where(i: int) -> str:
-            return f"row {i} (group {exps[i].eid.tid!r}, run {int(run[i])}, step {int(step[i])})"
-
-        values, explicit = _info_column(infos, step_reward_key, 0.0)
-        try:
-            reward = np.fromiter(values, dtype=np.float64, count=n)[back]
-        except (TypeError, ValueError):
-            k = next(k for k, x in enumerate(values) if not _is_number(x))
-            raise InvalidStepError(f"info[{step_reward_key!r}]: {values[k]!r} at {where(int(pos[k]))} is not a number") from None
-        if explicit is not None:
-            explicit = explicit[back]
-        traj, num_traj = encode_keys(group, run)
-        if explicit is not None:  # some steps have no step reward
-            has_explicit = np.bincount(traj, weights=explicit, minlength=num_traj) > 0
-            last = np.full(num_traj, -1, dtype=np.int64)
-            np.maximum.at(last, traj, step)
-            terminal = np.flatnonzero(~has_explicit[traj] & (step == last[traj]))
-            if terminal.size:
-                reward[terminal] = [0.0 if (x := exps[i].reward) is None else float(x) for i in terminal.tolist()]
-        hashes, _ = _info_column(infos, env_state_hash_key, None)
-        try:
-            raw, uniq = first_appearance_codes(hashes)
-        except TypeError:  # an unhashable value (bytearray, list): make it hashable, refuse it below
-            hashes = [
-                bytes(h) if isinstance(h, bytearray) else h if h is None or isinstance(h, (str, bytes)) else ("unhashable", k)
-                for k, h in enumerate(hashes)
-            ]
-            raw, uniq = first_appearance_codes(hashes)
-        raw = raw[back]
-        names: dict[str, int] = {}
-        remap = np.empty(len(uniq), dtype=np.int64)
-        for code, h in enumerate(uniq):
-            if h is None:
-                remap[code] = -1
-                continue
-            if isinstance(h, (bytes, bytearray)):
-                h = bytes(h).hex()
-            elif not isinstance(h, str) or h == "":
-                i = int(np.flatnonzero(raw == code)[0])
-                what = "empty" if h == "" else f"expected str or bytes, got {type(infos[back[i]].get(env_state_hash_key)).__name__}"
-                raise InvalidStepError(
-                    f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
-                    "orchestrator.anchors.keys.state_hash (never str())"
-                )
-            remap[code] = names.setdefault(h, len(names))
-        state = remap[raw]
-        hashed = state >= 0
-        solo = np.flatnonzero(~hashed)
-        state[solo] = len(names) + np.arange(solo.size)
-        if any(map(operator.contains, infos, itertools.repeat(action_valid_key))):
-            valid, _ = _info_column(infos, action_valid_key, None)
-            invalid = np.fromiter(map(operator.is_, valid, itertools.repeat(False)), dtype=bool, count=n)[back]
-        else:  # no step says anything about validity (the usual case)
-            invalid = np.zeros(n, dtype=bool)
-        text = None
-        if texts:
-            text = np.empty(n, dtype=object)
-            text[:] = [infos[k].get(state_text_key) for k in back.tolist()]
-        return cls(group, run, step, reward, state, hashed, invalid, text, traj, list(names), group_keys)
-
-
-_EID_FIELDS = tuple(map(operator.attrgetter, ("batch", "task", "run", "step")))
-
-
-def _info_column(infos: list[dict], key: str, default: Any) -> tuple[list, np.ndarray | None]:
-    """``info[key]`` of every step in one C-level pass, and where the key is present.
-
-    Returns:
-        the (N,) values (``default`` where absent), and None when every info has the key,
-        else (N,) bool: the key is present.
-    """
-    try:
-        return list(map(operator.itemgetter(key), infos)), None
-    except KeyError:  # some steps lack it: a second pass with the default
-        present = np.fromiter(map(operator.contains, infos, itertools.repeat(key)), dtype=bool, count=len(infos))
-        return list(map(operator.methodcaller("get", key, default), infos)), present
-
-
-def _is_number(x: Any) -> bool:
-    try:
-        float(x)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------- GiGPO
@@ -653,9 +332,9 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         """
         if not exps:
             return [], {}
-        with _gc_paused():  # reading, maths and write-back allocate no cycles: no collection mid-batch
-            order = _address_order(exps)  # shared by the reading and the write-back
-            masked = _masked_rows(exps, order)
+        with gc_paused():  # reading, maths and write-back allocate no cycles: no collection mid-batch
+            order = address_order(exps)  # shared by the reading and the write-back
+            masked = masked_rows(exps, order)
             if masked is not None:  # computed without them; their steps get 0
                 _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
                 write_token_advantages(list(itertools.compress(exps, masked)), np.zeros(int(masked.sum())))
@@ -949,8 +628,8 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         if not exps:
             return [], {}
         t0 = time.perf_counter()
-        order = _address_order(exps)  # shared by the reading and the write-back
-        masked = _masked_rows(exps, order)
+        order = address_order(exps)  # shared by the reading and the write-back
+        masked = masked_rows(exps, order)
         if masked is not None:
             k = int(np.flatnonzero(masked)[0])
             raise InvalidStepError(

@@ -27,9 +27,11 @@ from trinity.common.experience import Experience as TExp
 
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn, StepRows, write_token_advantages
+from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
 from orchestrator.trinity.fields import tid_codes
 from orchestrator.trinity.plugin import register
+from orchestrator.trinity.steps import StepRows
+from orchestrator.trinity.writeback import write_token_advantages
 
 ARGS = {"omega": 0.7, "gamma": 0.9, "fnorm": "std", "epsilon": 1e-6}
 
