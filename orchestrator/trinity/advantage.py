@@ -38,7 +38,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
-from orchestrator.trinity.fields import NO_INFO, address_order, group_codes, masked_rows
+from orchestrator.trinity.fields import NO_INFO, MemoryOrder, group_codes, masked_rows
 from orchestrator.trinity.steps import StepRows
 from orchestrator.trinity.writeback import gc_paused, write_token_advantages
 
@@ -289,7 +289,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __call__(self, exps, **kwargs):
         return self.process(exps)
 
-    def rows(self, exps: list[TrinityExperience], order: tuple[list, np.ndarray] | None = None) -> StepRows:
+    def rows(self, exps: list[TrinityExperience], order: MemoryOrder | None = None) -> StepRows:
         """Per-step rows of a batch, one per experience, in the batch's order (one pass per field).
 
         A trajectory without any explicit step reward takes its last step's ``reward`` (0 when
@@ -333,7 +333,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         if not exps:
             return [], {}
         with gc_paused():  # reading, maths and write-back allocate no cycles: no collection mid-batch
-            order = address_order(exps)  # shared by the reading and the write-back
+            order = MemoryOrder(exps)  # shared by the reading and the write-back
             masked = masked_rows(exps, order)
             if masked is not None:  # computed without them; their steps get 0
                 _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
@@ -524,7 +524,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         self.close_index()
 
     # -- computation
-    def compute(self, exps: list[TrinityExperience], order: tuple[list, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def compute(self, exps: list[TrinityExperience], order: MemoryOrder | None = None) -> dict[str, np.ndarray]:
         """GiGPO advantages of a call's experiences from the shared index (``order``: as
         :meth:`StepRows.read`).
 
@@ -628,7 +628,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         if not exps:
             return [], {}
         t0 = time.perf_counter()
-        order = address_order(exps)  # shared by the reading and the write-back
+        order = MemoryOrder(exps)  # shared by the reading and the write-back
         masked = masked_rows(exps, order)
         if masked is not None:
             k = int(np.flatnonzero(masked)[0])

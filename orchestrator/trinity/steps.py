@@ -14,9 +14,7 @@ from trinity.common.experience import Experience as TrinityExperience
 from algos.gigpo import InvalidStepError, encode_keys
 from orchestrator.trinity.fields import (
     EID,
-    INFO,
-    NO_INFO,
-    address_order,
+    MemoryOrder,
     first_appearance_codes,
     info_column,
     inverse,
@@ -80,28 +78,27 @@ class StepRows:
         state_text_key: str = "env_state_text",
         *,
         texts: bool = True,
-        order: tuple[list, np.ndarray] | None = None,
+        order: MemoryOrder | None = None,
     ) -> StepRows:
         """Read the rows off ``exps``: one C-level pass per field (``map`` over attribute and
-        item getters) over the experiences in memory order (:func:`address_order`), keys
+        item getters) over the experiences in memory order (:class:`MemoryOrder`), keys
         factorised to integer codes through dicts, no per-row objects; the columns are then put
         back in the batch's order and the groups numbered by first appearance in it.
 
         Args:
             texts: also read ``info[state_text_key]`` (only similarity grouping needs it).
-            order: ``address_order(exps)`` when the caller already has it (to share it with
-                :func:`write_token_advantages`).
+            order: ``MemoryOrder(exps)`` when the caller already has it (to share it, and the
+                infos it read, with :func:`~orchestrator.trinity.fields.masked_rows` and
+                :func:`~orchestrator.trinity.writeback.write_token_advantages`).
         Raises:
             algos.gigpo.InvalidStepError: a state hash that is empty, or neither str nor bytes,
                 or a step reward that is not a number (names row, group, run, step).
         """
         n = len(exps)
-        xs, pos = order if order is not None else address_order(exps)  # passes in memory order; columns put back below
+        order = order if order is not None else MemoryOrder(exps)  # passes in memory order; columns put back below
+        xs, pos, infos = order.items, order.pos, order.infos
         back = inverse(pos)  # batch row i is xs[back[i]]
         eids = list(map(EID, xs))
-        infos = list(map(INFO, xs))
-        if not all(infos):  # None or {}: read as an empty info
-            infos = [i or NO_INFO for i in infos]
         batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
         code, uniq = tid_codes(batches, tasks)
         group, old_of_new = relabel_by_first_row(code[back], len(uniq))  # Trinity's group_by order

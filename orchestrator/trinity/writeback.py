@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from trinity.common.experience import Experience as TrinityExperience
 
-from orchestrator.trinity.fields import address_order
+from orchestrator.trinity.fields import MemoryOrder
 
 
-def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order: tuple[list, np.ndarray] | None = None) -> None:
+def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order: MemoryOrder | None = None) -> None:
     """Set ``advantages = A * action_mask`` and ``returns`` (an equal copy) on every experience.
 
     The result is bit for bit the per-experience ``action_mask.to(float32) * A`` then
@@ -32,13 +32,13 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order
     not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
     Trinity's ``Experience.serialize_many`` sees distinct storages and clones nothing). An
     experience without ``action_mask`` gets a 0-dim ``tensor(A, float32)``, as in Trinity. The
-    experiences are visited in memory order (:func:`address_order`), which only changes which
+    experiences are visited in memory order (:class:`~orchestrator.trinity.fields.MemoryOrder`), which only changes which
     rows of the arrays back which experience.
 
     Args:
         exps: N experiences; ``action_mask`` (T_i,) bool / int / float on the CPU, or None.
         scalars: (N,) float, one advantage per experience, in the order of ``exps``.
-        order: ``address_order(exps)`` when the caller already has it (read the rows with it).
+        order: ``MemoryOrder(exps)`` when the caller already has it (read the rows with it).
     Raises:
         ValueError: ``scalars`` is not one value per experience.
     """
@@ -47,7 +47,8 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order
         raise ValueError(f"scalars: {a.shape[0]} values for {len(exps)} experiences")
     if not exps:
         return
-    exps, pos = order if order is not None else address_order(exps)  # memory order: each pass walks the heap forward
+    order = order if order is not None else MemoryOrder(exps)
+    exps, pos = order.items, order.pos  # memory order: each pass walks the heap forward
     masks = list(map(_ACTION_MASK, exps))
     a = a[pos]
     if any(map(operator.is_, masks, itertools.repeat(None))):
