@@ -379,7 +379,8 @@ class Orchestrator(AnchorLifecycle):
                     self._finish(self.core.close_at_cap())
                     out = self._hand_out()
                 elif not (blocked := self.core.replenish_blocked()) and self.core.exhausted():
-                    out = self._finish_batch()
+                    self._finish_last()
+                    out = self._hand_out()
                 elif not blocked:
                     if self._batch_started is None:
                         self._batch_started = time.monotonic()
@@ -464,15 +465,13 @@ class Orchestrator(AnchorLifecycle):
                 labels = await self._submit_table(groups, on_invalid)
             else:
                 labels = await self._submit(groups, on_invalid)
-            batches = []
-            if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
-                batches = list(self._last_call[1])  # a retry of a committed call: its batches again
-            fresh = 0
+            batches = self._answered(call_id) or []  # a retry of a committed call: its batches again
+            fresh = []
             while pop and (batch := self._hand_out()) is not None:
-                batches.append(batch)
-                fresh += 1
-            if call_id is not None and fresh:
-                self._last_call = self._new_call = (call_id, batches)
+                fresh.append(batch)
+            batches += fresh
+            if fresh:
+                self._remember(call_id, batches)
             mine = self._tick
         await self._durable(mine)
         return labels, batches
@@ -624,61 +623,79 @@ class Orchestrator(AnchorLifecycle):
         ]
         return await self.submit_groups(groups)
 
-    async def pop_batch(self) -> Batch | None:
+    @ray.method(max_task_retries=RETRIES)
+    async def pop_batch(self, call_id: str | None = None) -> Batch | None:
         """The oldest emitted batch not yet handed out, if any (never blocks, never rolls out).
 
         The hand-out is committed before the batch is returned: a batch is handed out once.
+        ``call_id``: as for :meth:`submit_and_pop`, a retry of a committed call gets its batch again.
         """
+        return await self._hand_out_call(call_id, lambda: None)
+
+    async def _hand_out_call(self, call_id: str | None, make: Any) -> Batch | None:
+        """Hand out the oldest ready batch, after ``make()`` (which may emit one) when none is
+        ready; with ``call_id``, answer a retry of a committed call with the batch it handed out."""
         async with self._lock:
-            batch = self._hand_out()
+            again = self._answered(call_id)
+            if again:
+                batch = again[0]
+            else:
+                if not self.ready:
+                    make()
+                batch = self._hand_out()
+                if batch is not None:
+                    self._remember(call_id, [batch])
             mine = self._tick
         await self._durable(mine)
         return batch
 
+    def _answered(self, call_id: str | None) -> list[Batch] | None:
+        """The batches that the committed call ``call_id`` handed out (a retry), else None."""
+        if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
+            return list(self._last_call[1])
+        return None
+
+    def _remember(self, call_id: str | None, batches: list[Batch]) -> None:
+        """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
+        if call_id is not None:
+            self._last_call = self._new_call = (call_id, batches)
+
+    @ray.method(max_task_retries=RETRIES)
     def exhausted(self) -> bool:
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
         return self.core.exhausted()
 
-    async def finish_batch(self) -> Batch:
+    @ray.method(max_task_retries=RETRIES)
+    async def finish_batch(self, call_id: str | None = None) -> Batch:
         """At the end of data, release the kept groups as the last batch (per ``on_cap``).
 
-        Batches already emitted and not handed out come first.
+        Batches already emitted and not handed out come first. ``call_id``: as for
+        :meth:`pop_batch`.
         Raises:
             DataExhaustedError: nothing is kept (the padding candidates are dropped); the data
                 is over for good. Its message names the limit reached.
             ReplenishCapError: ``on_cap='raise'`` and the kept groups are short of a batch.
         """
-        async with self._lock:
-            batch = self._finish_batch()
-            mine = self._tick
-        await self._durable(mine)
-        return batch
+        return await self._hand_out_call(call_id, self._finish_last)
 
-    def _finish_batch(self) -> Batch:
-        if not self.ready:
-            batch = self.core.finish()
-            if batch is None:
-                p, c = self.core.policy, self.core.counters
-                self._checkpoint()
-                self._observe()
-                raise DataExhaustedError(
-                    f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
-                    f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
-                )
-            self._finish(batch)
-        return self._hand_out()
+    def _finish_last(self) -> None:
+        batch = self.core.finish()
+        if batch is None:
+            p, c = self.core.policy, self.core.counters
+            self._checkpoint()
+            self._observe()
+            raise DataExhaustedError(
+                f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
+                f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
+            )
+        self._finish(batch)
 
-    async def close_batch(self) -> Batch | None:
+    @ray.method(max_task_retries=RETRIES)
+    async def close_batch(self, call_id: str | None = None) -> Batch | None:
         """Close the open batch now as the cap would (pad / partial / raise), for external drivers.
 
-        Batches already emitted and not handed out come first."""
-        async with self._lock:
-            if not self.ready:
-                self._finish(self.core.close_at_cap())
-            batch = self._hand_out()
-            mine = self._tick
-        await self._durable(mine)
-        return batch
+        Batches already emitted and not handed out come first. ``call_id``: as for :meth:`pop_batch`."""
+        return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
 
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector)."""

@@ -275,6 +275,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
                     path.unlink(missing_ok=True)
             self._swept_dir = True
 
+    def _call_id(self) -> str:
+        return f"{self.session}:{uuid.uuid4().hex}"
+
     async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         actor = await self.actor()
         # the live policy (a REST change of the cap or filter applies from this step on)
@@ -284,9 +287,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
             self._hold(payload)  # on disk before the actor holds the groups
             self._rounds_open += 1
         # one call: the groups in, every ready batch out (an empty submit only collects)
-        # the call id makes Ray's retry (the actor died during the call) return the same batches
-        call_id = f"{self.session}:{uuid.uuid4().hex}"
-        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop", call_id=call_id)
+        # a call id makes Ray's retry (the actor died during the call) return the same batches
+        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop", call_id=self._call_id())
         labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0
@@ -298,14 +300,14 @@ class OrchestratorOperator(ExperienceOperatorV1):
             self._rounds_open = 0
         cap = self.policy.max_replenish_rounds
         if not batches and cap > 0 and self._rounds_open > cap:
-            batch = await actor.close_batch.remote()
+            batch = await actor.close_batch.remote(call_id=self._call_id())
             released.extend(self.expand(batch))
             batches += 1
             padded += batch.num_padding
             self._rounds_open = 0
         if not batches and await actor.exhausted.remote():
             try:
-                batch = await actor.finish_batch.remote()
+                batch = await actor.finish_batch.remote(call_id=self._call_id())
             except DataExhaustedError:
                 batch = None
             if batch is not None:

@@ -254,3 +254,25 @@ def test_a_retried_submit_and_pop_gets_the_batches_its_lost_answer_held(tmp_path
     assert labels2 == labels == ["informative"] * 4 and o2.get_stats().groups_submitted == 4
     assert [[g.task_id for g in b.groups] for b in batches2] == [["t0", "t1"], ["t2", "t3"]]
     assert run(o2.submit_and_pop([], call_id="c2")) == ([], [])  # another call: those batches are not its own
+
+
+def test_a_retried_pop_batch_gets_the_batch_its_lost_answer_held(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group(t) for t in TASKS[:4]]))
+    assert run(o.pop_batch(call_id="p1")).batch_id == 0
+    o2 = orch(tmp_path)  # died after the commit, before the answer
+    assert run(o2.pop_batch(call_id="p1")).batch_id == 0  # the same batch, not batch 1
+    assert run(o2.pop_batch(call_id="p2")).batch_id == 1
+    assert run(o2.pop_batch(call_id="p3")) is None
+
+
+def test_a_retried_close_batch_gets_the_batch_it_closed(tmp_path):
+    o = orch(tmp_path)
+    run(o.submit_groups([group("t0"), group("t1", WRONG)]))  # one informative group of the two a batch needs
+    closed = run(o.close_batch(call_id="c1"))  # on_cap "pad": t0, padded with the dropped t1
+    assert (closed.batch_id, [g.task_id for g in closed.groups], closed.num_padding) == (0, ["t0", "t1"], 1)
+    run(o.submit_groups([group("t2")]))  # held for the next batch
+    o2 = orch(tmp_path)  # died after the commit, before the answer
+    again = run(o2.close_batch(call_id="c1"))
+    assert (again.batch_id, [g.task_id for g in again.groups]) == (0, ["t0", "t1"])
+    assert o2.get_stats().batches_emitted == 1 and o2.get_stats().groups_held == 1  # t2 not closed into a second batch

@@ -1,8 +1,9 @@
 """Fault and load tests of the orchestrator actor on a real Ray runtime with a real SQLite sink.
 
 * 10 random kills (SIGKILL of the actor's process and ``ray.kill(no_restart=False)``, alternating)
-  while a driver submits groups and pops batches, retrying what failed: every group is counted
-  once, none is emitted twice, none is lost (each informative group is in the sink or held).
+  while a driver submits groups and pops batches (with call ids), retrying what failed: every
+  group is counted once, none is emitted twice, none is lost (each informative group is in the
+  sink or held), and every batch reaches the driver exactly once.
 * 6 random kills while a driver calls ``submit_and_pop`` with call ids: the same, and every
   batch reaches the driver exactly once (a retried call gets the batches its lost answer held).
 * 16 concurrent submitters: the same accounting.
@@ -10,6 +11,7 @@
   restarts after a SIGKILL and resumes from its state file.
 """
 
+import itertools
 import logging
 import os
 import random
@@ -139,13 +141,16 @@ def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
     def submit_then_pop(actor, groups, step):
         labels = retry(lambda: ray.get(actor.submit_groups.remote(groups)))
         ids = []
-        while (batch := retry(lambda: ray.get(actor.pop_batch.remote()))) is not None:
+        for k in itertools.count():
+            call = f"pop-{step}-{k}"  # the same id for every retry of this pop
+            if (batch := retry(lambda c=call: ray.get(actor.pop_batch.remote(call_id=c)))) is None:
+                break
             ids.append(batch.batch_id)
         return labels, ids
 
     actor, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills", 11, 10, submit_then_pop)
     assert len(kills) == 10
-    assert len(handed) == len(set(handed))  # no batch handed out twice
+    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (retries included)
     check_accounting(actor, tmp_path / "run.db", sent)
     ray.kill(actor)
 
