@@ -56,18 +56,28 @@ def tid_codes(batches: list, tasks: list) -> tuple[np.ndarray, list[tuple]]:
 def masked_rows(exps: list[TrinityExperience], order: MemoryOrder | None = None) -> np.ndarray | None:
     """(N,) bool in the order of ``exps``: the experience is of a member the orchestrator masked
     (``info["dso_masked"]``, zero loss weight); None when none is. One C-level pass over the
-    infos, in memory order (a shuffled batch of 25,600 steps: 11 ms in list order).
+    infos, in memory order when ``order`` is given (a shuffled batch of 25,600 steps: 11 ms in list order).
 
     Args:
-        order: ``MemoryOrder(exps)`` when the caller already has it.
+        order: ``MemoryOrder(exps)`` when the caller already has it; without it the infos are
+            read in list order (no sort: a batch that arrives in allocation order, as the
+            operator's does, is already in memory order).
     """
-    order = order if order is not None else MemoryOrder(exps)
-    infos = order.infos
+    infos = order.infos if order is not None else read_infos(exps)
     if not any(map(operator.contains, infos, itertools.repeat(MASKED))):
         return None
-    out = np.empty(len(infos), dtype=bool)
-    out[order.pos] = np.fromiter(map(bool, map(operator.methodcaller("get", MASKED), infos)), dtype=bool, count=len(infos))
+    masked = np.fromiter(map(bool, map(operator.methodcaller("get", MASKED), infos)), dtype=bool, count=len(infos))
+    if order is None:
+        return masked
+    out = np.empty_like(masked)
+    out[order.pos] = masked  # items[k] is exps[pos[k]]
     return out
+
+
+def read_infos(exps: list[TrinityExperience]) -> list[dict]:
+    """``info`` of each experience, in one C-level pass (a missing one, None or {}, read as an empty dict)."""
+    infos = list(map(INFO, exps))
+    return infos if all(infos) else [i or NO_INFO for i in infos]
 
 
 class MemoryOrder:
@@ -91,9 +101,8 @@ class MemoryOrder:
 
     @functools.cached_property
     def infos(self) -> list[dict]:
-        """``info`` of each of :attr:`items` (a missing one, None or {}, read as an empty dict)."""
-        infos = list(map(INFO, self.items))
-        return infos if all(infos) else [i or NO_INFO for i in infos]
+        """``info`` of each of :attr:`items` (:func:`read_infos`)."""
+        return read_infos(self.items)
 
 
 def item_addresses(items: list) -> np.ndarray:
