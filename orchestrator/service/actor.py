@@ -175,6 +175,7 @@ class Orchestrator(AnchorLifecycle):
         # (committed); _new_call: set by a call, written by the next commit
         self._last_call: tuple[str, list[Batch]] | None = None
         self._new_call: tuple[str, list[Batch]] | None = None
+        self._tasks_call: tuple[str, list[str]] | None = None  # the last next_tasks call with an id, and its tasks
         self._loop: asyncio.AbstractEventLoop | None = None  # the actor's event loop, once an async call ran
         self._watch: asyncio.Task | None = None
         self._anchor_up: bool | None = None
@@ -205,6 +206,8 @@ class Orchestrator(AnchorLifecycle):
         self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
         self._new_seen, self._new_batches, self._handed = {}, [], []
         self._last_call, self._new_call = saved.last_call, None
+        call = saved.state.get("tasks_call")
+        self._tasks_call = (call[0], list(call[1])) if call else None
         log.warning(
             "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
             "saved policy replaces the configured one; delete the file to start afresh)",
@@ -233,6 +236,8 @@ class Orchestrator(AnchorLifecycle):
         state = self.core.state(payloads=False)
         state.update(self._anchor_state_dict())
         state["attachment"] = dict(self.attachment)
+        if self._tasks_call is not None:
+            state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
         change = Change(
@@ -710,11 +715,22 @@ class Orchestrator(AnchorLifecycle):
             self._checkpoint()
             return tasks
 
-    async def next_tasks(self, count: int) -> list[str]:
+    @ray.method(max_task_retries=RETRIES)
+    async def next_tasks(self, count: int, call_id: str | None = None) -> list[str]:
         """``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``;
-        fewer, or none, at the end of data)."""
+        fewer, or none, at the end of data).
+
+        ``call_id`` makes a retry safe: Ray retries the call when the actor dies during it, and
+        if the first attempt was committed, the retry gets the same tasks (none skipped for the
+        epoch, none handed out twice). Only the last call with an id is remembered (one task
+        selector per orchestrator).
+        """
         async with self._lock:
+            if call_id is not None and self._tasks_call is not None and self._tasks_call[0] == call_id:
+                return list(self._tasks_call[1])
             tasks = self.core.next_tasks(count)
+            if call_id is not None:
+                self._tasks_call = (call_id, list(tasks))
             self._checkpoint()
             return tasks
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from concurrent.futures import Future
 from typing import Any
 
@@ -38,6 +39,8 @@ class OrchestratorTaskSelector:
     waits for its tasks. The cost: the orchestrator picks each step's tasks one step
     earlier (same-task re-rolls and skip rules act one step later), and the step reserved
     after the last one stays "in flight" in the actor until a resumed run takes it first.
+    Each request carries a call id: when the actor dies under it, Ray retries it on the
+    restarted actor, which answers a committed request with the same tasks.
 
     Args:
         data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
@@ -66,7 +69,7 @@ class OrchestratorTaskSelector:
         self._ahead: tuple[int, Future] | None = None  # (count, tasks of the next step)
 
     def _request(self, count: int) -> Future:
-        return self.actor.next_tasks.remote(int(count)).future()
+        return self.actor.next_tasks.remote(int(count), call_id=uuid.uuid4().hex).future()  # retried by Ray
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
         """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.

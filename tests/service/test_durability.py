@@ -266,6 +266,15 @@ def test_a_retried_pop_batch_gets_the_batch_its_lost_answer_held(tmp_path):
     assert run(o2.pop_batch(call_id="p3")) is None
 
 
+def test_a_retried_next_tasks_gets_the_tasks_its_lost_answer_held(tmp_path):
+    o = orch(tmp_path)
+    first = run(o.next_tasks(3, call_id="n1"))
+    o2 = orch(tmp_path)  # died after the commit, before the answer: Ray retries on the new one
+    assert run(o2.next_tasks(3, call_id="n1")) == first  # the same three, not the next three
+    rest = run(o2.next_tasks(3, call_id="n2")) + run(o2.next_tasks(2))
+    assert sorted(first + rest) == TASKS  # the epoch: every task handed out once, none skipped
+
+
 def test_a_retried_close_batch_gets_the_batch_it_closed(tmp_path):
     o = orch(tmp_path)
     run(o.submit_groups([group("t0"), group("t1", WRONG)]))  # one informative group of the two a batch needs
