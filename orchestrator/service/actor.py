@@ -268,7 +268,10 @@ class Orchestrator(AnchorLifecycle):
         (sink and ready queue), hand-outs and the small state. A sink other than
         :class:`SQLiteSink` is written first (at least once: a crash before the commit writes
         the batch again). On failure the actor goes back to the last commit and raises. While a
-        commit runs in a worker thread (:meth:`_checkpoint_async`), this one follows it.
+        commit runs in a worker thread (:meth:`_checkpoint_async`), this one is left to the commit
+        that follows it: the change is not on disk yet when this returns. For the synchronous
+        callers only (``set_model_version``, the anchor index's callbacks, the end of data); the
+        async calls count their change (:meth:`_changed`) and return after :meth:`_durable`.
         """
         if self._committing:
             self._commit_again = True
@@ -306,9 +309,12 @@ class Orchestrator(AnchorLifecycle):
             self._stored = held
         self._durable_upto = upto
         self._wake()
-        if self._commit_again:
+        if self._commit_again:  # changes made meanwhile: their calls wait in _durable (or were synchronous)
             self._commit_again = False
-            self._checkpoint()
+            try:
+                await self._checkpoint_async()
+            except Exception:  # logged by _rollback and raised to the calls it held (_wake); this call's change is committed
+                pass
 
     def _wake(self, exc: BaseException | None = None) -> None:
         """Answer the submits waiting in :meth:`_durable`: they look again, or fail with ``exc``
@@ -321,6 +327,12 @@ class Orchestrator(AnchorLifecycle):
                 fut.set_result(None)
             else:
                 fut.set_exception(RuntimeError(f"the commit of this change failed and was rolled back: {exc!r}"))
+
+    def _changed(self) -> int:
+        """Count a change made under the lock; the caller returns once :meth:`_durable` of the
+        count returned is done (outside the lock, so that concurrent calls share the commit)."""
+        self._tick += 1
+        return self._tick
 
     async def _durable(self, mine: int) -> None:
         """Return once change ``mine`` is committed (group commit: a submit made while another
@@ -703,17 +715,21 @@ class Orchestrator(AnchorLifecycle):
         return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
 
     async def plan_round(self) -> RoundPlan:
-        """Plan the next round for an external explorer (e.g. Trinity's task selector)."""
+        """Plan the next round for an external explorer (e.g. Trinity's task selector); returns
+        once the plan is committed."""
         async with self._lock:
             plan = self.core.plan_round()
-            self._checkpoint()
-            return plan
+            mine = self._changed()
+        await self._durable(mine)
+        return plan
 
     async def select_tasks(self, count: int) -> list[str]:
+        """``count`` tasks in the epoch's order (``OrchestratorCore.select_tasks``); returns once committed."""
         async with self._lock:
             tasks = self.core.select_tasks(count)
-            self._checkpoint()
-            return tasks
+            mine = self._changed()
+        await self._durable(mine)
+        return tasks
 
     @ray.method(max_task_retries=RETRIES)
     async def next_tasks(self, count: int, call_id: str | None = None) -> list[str]:
@@ -731,8 +747,9 @@ class Orchestrator(AnchorLifecycle):
             tasks = self.core.next_tasks(count)
             if call_id is not None:
                 self._tasks_call = (call_id, list(tasks))
-            self._checkpoint()
-            return tasks
+            mine = self._changed()
+        await self._durable(mine)
+        return tasks
 
     # ------------------------------------------------------------- attached runs
     async def attach_run(self, run: str, *, session: str, role: str, num_tasks: int | None = None,
@@ -762,7 +779,10 @@ class Orchestrator(AnchorLifecycle):
             InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
         """
         async with self._lock:
-            return self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
+            out = self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
+            mine = self._changed()
+        await self._durable(mine)
+        return out
 
     def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
                     pinned_by: str) -> dict:
@@ -790,7 +810,6 @@ class Orchestrator(AnchorLifecycle):
                             run, session, len(requeued))
             self.attachment["selector_session"] = session
         log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
-        self._checkpoint()
         return {"run": run, "pinned": dict(pinned), "requeued": requeued}
 
     def held_refs(self) -> list[str]:
@@ -819,7 +838,10 @@ class Orchestrator(AnchorLifecycle):
             InvalidPolicyError: invalid values (field and value named); the policy is unchanged.
         """
         async with self._lock:
-            return self._set_policy(changes, expected_revision, replace)
+            out = self._set_policy(changes, expected_revision, replace)
+            mine = self._changed()
+        await self._durable(mine)
+        return out
 
     def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
         if not isinstance(changes, dict):
@@ -847,7 +869,6 @@ class Orchestrator(AnchorLifecycle):
         except ValueError as err:
             raise InvalidPolicyError(str(err)) from None
         log.info("policy revision %d: %s", self.core.policy_revision, changes)
-        self._checkpoint()
         self._observe()
 
     async def pause_replenish(self) -> dict:
@@ -965,7 +986,7 @@ class Orchestrator(AnchorLifecycle):
                     log.warning("anchor index (Redis) is back")
                 if guard != self._anchor_guard or lost:
                     self._anchor_guard = guard
-                    self._checkpoint()
+                    await self._durable(self._changed())
             if self._anchor_up is True and not up:
                 self._anchor_outages += 1
             self._anchor_up = up

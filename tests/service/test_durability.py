@@ -285,3 +285,41 @@ def test_a_retried_close_batch_gets_the_batch_it_closed(tmp_path):
     again = run(o2.close_batch(call_id="c1"))
     assert (again.batch_id, [g.task_id for g in again.groups]) == (0, ["t0", "t1"])
     assert o2.get_stats().batches_emitted == 1 and o2.get_stats().groups_held == 1  # t2 not closed into a second batch
+
+
+def snapshot(src, dst):
+    """A consistent copy of the SQLite file as it is now (what a crash at this instant leaves)."""
+    dst.parent.mkdir()
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+
+
+def during_a_commit(o, tmp_path, call):
+    """Run ``call()`` while a submit's commit is being written in a worker thread; return its
+    answer and a copy of the file taken the moment it answered."""
+
+    async def overlap():
+        submit = asyncio.create_task(o.submit_groups([group("t7", WRONG, tag="bg")]))
+        while not o._committing:  # the submit's commit is in the worker thread, the lock is free
+            await asyncio.sleep(0)
+        out = await call()
+        snapshot(tmp_path / "run.db", tmp_path / "crash" / "run.db")
+        await submit
+        return out
+
+    return run(overlap())
+
+
+def test_next_tasks_made_during_a_commit_answers_once_its_tasks_are_on_disk(tmp_path):
+    o = orch(tmp_path)
+    first = during_a_commit(o, tmp_path, lambda: o.next_tasks(3, call_id="n1"))
+    crashed = orch(tmp_path / "crash")  # the actor died right after answering
+    assert sorted(first + run(crashed.next_tasks(5))) == TASKS  # the epoch goes on after them: none handed out twice
+
+
+def test_a_policy_change_made_during_a_commit_answers_once_it_is_on_disk(tmp_path):
+    o = orch(tmp_path)
+    answer = during_a_commit(o, tmp_path, lambda: o.set_policy({"target_groups": 3}))
+    assert answer["revision"] == 1
+    crashed = orch(tmp_path / "crash")
+    assert crashed.get_policy()["revision"] == 1 and crashed.get_policy()["policy"]["target_groups"] == 3
