@@ -21,11 +21,13 @@ own Ray actor ``<name>-anchors``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
 from orchestrator.rollout.source import RolloutSource
+from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import DSOMetrics
 from orchestrator.service.sink import BatchSink, SQLiteSink
@@ -158,14 +161,9 @@ class Orchestrator(AnchorLifecycle):
         # the Trinity run this orchestrator serves (attach_run): run id, pinned policy fields, sessions
         self.attachment: dict[str, Any] = {}
         self._lock = asyncio.Lock()
-        self._committing = False  # a commit is being written in a worker thread
-        self._commit_again = False  # something changed meanwhile: commit once it is done
-        # group commit: submits count their changes (_tick); a commit covers every change made
-        # before it started (_durable_upto); submits wait for one that covers theirs (_waiters)
-        self._tick = 0
-        self._durable_upto = 0
-        self._waiters: list[asyncio.Future] = []
-        # what the next commit writes (see _checkpoint)
+        # every change is counted (commits.changed) and each call answers once it is written
+        self.commits = GroupCommit(self._prepare, self._rollback)
+        # what the next commit writes (see _prepare)
         self._seen: dict[str, str] = {}  # filter label of every group key ever accepted
         self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
         self._new_seen: dict[str, str] = {}
@@ -223,15 +221,20 @@ class Orchestrator(AnchorLifecycle):
             if batch is not None:
                 self.metrics.observe_batch(batch)
 
-    def _prepare(self) -> tuple[Change | None, list[Batch], set[str]]:
-        """Take everything changed since the last commit: (the change, batches for an external
-        sink, the keys of the held groups after it). Clears what it took."""
+    def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """Take everything changed since the last commit (clearing it), for :class:`GroupCommit`:
+        ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
+        (at least once: a crash before the commit writes them again), then the change to the
+        store in one transaction: new group keys, newly held groups (written once), released
+        groups, emitted batches, hand-outs and the small state. ``done`` records which held
+        groups the store now has."""
         batches, self._new_batches = self._new_batches, []
         seen, self._new_seen = self._new_seen, {}
         handed, self._handed = self._handed, []
         call, self._new_call = self._new_call, None
+        external = batches if self.store is None or self.store.sink is None else []
         if self.store is None:
-            return None, batches, set()
+            return functools.partial(self._write, None, external), _nothing
         held = {g.key: g for g in self.core.held_groups()}
         state = self.core.state(payloads=False)
         state.update(self._anchor_state_dict())
@@ -244,7 +247,11 @@ class Orchestrator(AnchorLifecycle):
             state, seen=seen, hold=[g for k, g in held.items() if k not in self._stored],
             release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,
         )
-        return change, batches if self.store.sink is None else [], set(held)
+
+        def done() -> None:
+            self._stored = set(held)
+
+        return functools.partial(self._write, change, external), done
 
     def _write(self, change: Change | None, external: list[Batch]) -> None:
         """The I/O of a commit (also run in a worker thread): an external sink, then the store."""
@@ -255,99 +262,12 @@ class Orchestrator(AnchorLifecycle):
             self.store.commit(change)
 
     def _rollback(self) -> None:
+        """After a failed commit: back to the last commit written."""
         if self.store is not None:
             log.exception("commit to %s failed: back to the last commit", self.store.path)
             self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed)
             self.ready = []
             self._load()
-
-    def _checkpoint(self) -> None:
-        """Commit everything changed since the last commit, in one transaction.
-
-        New group keys, newly held groups (written once), released groups, emitted batches
-        (sink and ready queue), hand-outs and the small state. A sink other than
-        :class:`SQLiteSink` is written first (at least once: a crash before the commit writes
-        the batch again). On failure the actor goes back to the last commit and raises. While a
-        commit runs in a worker thread (:meth:`_checkpoint_async`), this one is left to the commit
-        that follows it: the change is not on disk yet when this returns. For the synchronous
-        callers only (``set_model_version``, the anchor index's callbacks, the end of data); the
-        async calls count their change (:meth:`_changed`) and return after :meth:`_durable`.
-        """
-        if self._committing:
-            self._commit_again = True
-            return
-        upto = self._tick
-        change, external, held = self._prepare()
-        try:
-            self._write(change, external)
-        except BaseException as exc:
-            self._rollback()
-            self._wake(exc)
-            raise
-        if change is not None:
-            self._stored = held
-        self._durable_upto = upto
-        self._wake()
-
-    async def _checkpoint_async(self) -> None:
-        """:meth:`_checkpoint` with the writing in a worker thread (the event loop keeps answering)."""
-        if self._committing:
-            self._commit_again = True
-            return
-        upto = self._tick
-        change, external, held = self._prepare()
-        self._committing = True
-        try:
-            await asyncio.to_thread(self._write, change, external)
-        except BaseException as exc:
-            self._committing = False
-            self._rollback()
-            self._wake(exc)
-            raise
-        self._committing = False
-        if change is not None:
-            self._stored = held
-        self._durable_upto = upto
-        self._wake()
-        if self._commit_again:  # changes made meanwhile: their calls wait in _durable (or were synchronous)
-            self._commit_again = False
-            try:
-                await self._checkpoint_async()
-            except Exception:  # logged by _rollback and raised to the calls it held (_wake); this call's change is committed
-                pass
-
-    def _wake(self, exc: BaseException | None = None) -> None:
-        """Answer the submits waiting in :meth:`_durable`: they look again, or fail with ``exc``
-        (a failed commit went back to the last one: their changes are gone)."""
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if fut.done():
-                continue
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(f"the commit of this change failed and was rolled back: {exc!r}"))
-
-    def _changed(self) -> int:
-        """Count a change made under the lock; the caller returns once :meth:`_durable` of the
-        count returned is done (outside the lock, so that concurrent calls share the commit)."""
-        self._tick += 1
-        return self._tick
-
-    async def _durable(self, mine: int) -> None:
-        """Return once change ``mine`` is committed (group commit: a submit made while another
-        commit is written waits for the next one, which covers every submit made meanwhile).
-
-        Raises:
-            RuntimeError: the commit failed (the actor went back to its last commit).
-        """
-        while self._durable_upto < mine:
-            if self._committing:
-                fut = asyncio.get_running_loop().create_future()
-                self._waiters.append(fut)
-                await fut
-            else:
-                await self._checkpoint_async()
 
     def _finish(self, batch: Batch) -> None:
         """Record an emitted batch: ready to hand out, written by the next commit."""
@@ -360,13 +280,13 @@ class Orchestrator(AnchorLifecycle):
 
     def _hand_out(self) -> Batch | None:
         """Take the oldest ready batch; the caller returns it once the hand-out is committed
-        (:meth:`_durable` of the change count after it, outside the lock: concurrent calls share
+        (``commits.durable`` of the change count after it, outside the lock: concurrent calls share
         commits; if that commit fails, the batch is ready again, see :meth:`_rollback`)."""
         if not self.ready:
             return None
         batch = self.ready.pop(0)
         self._handed.append(batch.batch_id)
-        self._tick += 1
+        self.commits.changed()
         return batch
 
     # ------------------------------------------------------------- batches
@@ -403,9 +323,9 @@ class Orchestrator(AnchorLifecycle):
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
-                mine = self._tick
+                mine = self.commits.pending
             if out is not None:
-                await self._durable(mine)
+                await self.commits.durable(mine)
                 return out
             if blocked:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -422,8 +342,8 @@ class Orchestrator(AnchorLifecycle):
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:
                 await self._submit(groups, emit=False)
-                mine = self._tick
-            await self._durable(mine)
+                mine = self.commits.pending
+            await self.commits.durable(mine)
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
@@ -489,8 +409,8 @@ class Orchestrator(AnchorLifecycle):
             batches += fresh
             if fresh:
                 self._remember(call_id, batches)
-            mine = self._tick
-        await self._durable(mine)
+            mine = self.commits.pending
+        await self.commits.durable(mine)
         return labels, batches
 
     @staticmethod
@@ -597,7 +517,7 @@ class Orchestrator(AnchorLifecycle):
     async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
         """Run ``submit(i)`` for each slice ``i`` of one call (one round): record the labels,
         release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts; the end
-        is committed by the caller's :meth:`_durable`, after it releases the lock."""
+        is committed by the caller's ``commits.durable``, after it releases the lock."""
         if count and self._batch_started is None:
             self._batch_started = time.monotonic()
         uncommitted = 0
@@ -609,11 +529,11 @@ class Orchestrator(AnchorLifecycle):
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
             uncommitted += sum(g.size for g in part_groups)
-            if i == count - 1:  # the caller waits for it outside the lock (_durable)
-                self._tick += 1
+            if i == count - 1:  # the caller waits for it outside the lock (commits.durable)
+                self.commits.changed()
                 self._observe()
             elif uncommitted >= COMMIT_ROLLOUTS:
-                await self._checkpoint_async()
+                await self.commits.commit_async()
                 self._observe()
                 uncommitted = 0
             await asyncio.sleep(0)
@@ -662,8 +582,8 @@ class Orchestrator(AnchorLifecycle):
                 batch = self._hand_out()
                 if batch is not None:
                     self._remember(call_id, [batch])
-            mine = self._tick
-        await self._durable(mine)
+            mine = self.commits.pending
+        await self.commits.durable(mine)
         return batch
 
     def _answered(self, call_id: str | None) -> list[Batch] | None:
@@ -699,7 +619,7 @@ class Orchestrator(AnchorLifecycle):
         batch = self.core.finish()
         if batch is None:
             p, c = self.core.policy, self.core.counters
-            self._checkpoint()
+            self.commits.commit()
             self._observe()
             raise DataExhaustedError(
                 f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
@@ -719,16 +639,16 @@ class Orchestrator(AnchorLifecycle):
         once the plan is committed."""
         async with self._lock:
             plan = self.core.plan_round()
-            mine = self._changed()
-        await self._durable(mine)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         return plan
 
     async def select_tasks(self, count: int) -> list[str]:
         """``count`` tasks in the epoch's order (``OrchestratorCore.select_tasks``); returns once committed."""
         async with self._lock:
             tasks = self.core.select_tasks(count)
-            mine = self._changed()
-        await self._durable(mine)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         return tasks
 
     @ray.method(max_task_retries=RETRIES)
@@ -747,8 +667,8 @@ class Orchestrator(AnchorLifecycle):
             tasks = self.core.next_tasks(count)
             if call_id is not None:
                 self._tasks_call = (call_id, list(tasks))
-            mine = self._changed()
-        await self._durable(mine)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         return tasks
 
     # ------------------------------------------------------------- attached runs
@@ -780,8 +700,8 @@ class Orchestrator(AnchorLifecycle):
         """
         async with self._lock:
             out = self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
-            mine = self._changed()
-        await self._durable(mine)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         return out
 
     def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
@@ -839,8 +759,8 @@ class Orchestrator(AnchorLifecycle):
         """
         async with self._lock:
             out = self._set_policy(changes, expected_revision, replace)
-            mine = self._changed()
-        await self._durable(mine)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         return out
 
     def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
@@ -880,7 +800,7 @@ class Orchestrator(AnchorLifecycle):
     @ray.method(max_task_retries=RETRIES)
     def set_model_version(self, version: int) -> None:
         self.core.set_model_version(version)
-        self._checkpoint()
+        self.commits.commit()
         self._anchor_in_background(self._anchor_auto_expire)
 
     @ray.method(max_task_retries=RETRIES)
@@ -937,9 +857,9 @@ class Orchestrator(AnchorLifecycle):
         """The tracked batch keys changed (maybe in a worker thread): commit on the event loop."""
         loop = self._loop
         if loop is not None and loop.is_running() and not _on_loop(loop):
-            loop.call_soon_threadsafe(self._checkpoint)
+            loop.call_soon_threadsafe(self.commits.commit)
         else:
-            self._checkpoint()
+            self.commits.commit()
 
     def _anchor_in_background(self, fn: Any) -> None:
         """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use)."""
@@ -986,7 +906,7 @@ class Orchestrator(AnchorLifecycle):
                     log.warning("anchor index (Redis) is back")
                 if guard != self._anchor_guard or lost:
                     self._anchor_guard = guard
-                    await self._durable(self._changed())
+                    await self.commits.durable(self.commits.changed())
             if self._anchor_up is True and not up:
                 self._anchor_outages += 1
             self._anchor_up = up
@@ -1032,6 +952,10 @@ class Orchestrator(AnchorLifecycle):
         if index is not None and self._anchor_guard is not None:
             spec["guard"] = self._anchor_guard
         return spec
+
+
+def _nothing() -> None:
+    pass
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

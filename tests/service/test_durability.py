@@ -300,7 +300,7 @@ def during_a_commit(o, tmp_path, call):
 
     async def overlap():
         submit = asyncio.create_task(o.submit_groups([group("t7", WRONG, tag="bg")]))
-        while not o._committing:  # the submit's commit is in the worker thread, the lock is free
+        while not o.commits.committing:  # the submit's commit is in the worker thread, the lock is free
             await asyncio.sleep(0)
         out = await call()
         snapshot(tmp_path / "run.db", tmp_path / "crash" / "run.db")
