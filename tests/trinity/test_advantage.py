@@ -12,6 +12,7 @@ Real trinity-rft Experience objects. The expected values come from
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pickle
 
@@ -31,7 +32,7 @@ from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantage
 from orchestrator.trinity.fields import tid_codes
 from orchestrator.trinity.plugin import register
 from orchestrator.trinity.steps import StepRows
-from orchestrator.trinity.writeback import write_token_advantages
+from orchestrator.trinity.writeback import gc_paused, write_token_advantages
 
 ARGS = {"omega": 0.7, "gamma": 0.9, "fnorm": "std", "epsilon": 1e-6}
 
@@ -367,3 +368,23 @@ def test_tid_codes_number_batch_task_pairs_by_first_appearance():
     assert [(c.tolist(), k) for c, k in [tid_codes([7] * 5, [3, 1, 3, 2, 1])]] == [([0, 1, 0, 2, 1], [(7, 3), (7, 1), (7, 2)])]
     codes, keys = tid_codes([7, 7, 8, 7, 8], [3, 1, 3, 3, 1])  # two explore steps: the pairs count
     assert codes.tolist() == [0, 1, 2, 0, 3] and keys == [(7, 3), (7, 1), (8, 3), (8, 1)]
+
+
+def test_what_a_paused_batch_leaves_alive_skips_the_young_collections():
+    gc.collect()
+    with gc_paused():
+        kept = [[] for _ in range(5000)]  # 5,000 tracked objects that outlive the call
+    assert gc.isenabled() and gc.get_count()[0] < 100  # filed under the oldest generation: no young walk is due
+    assert any(x is kept[0] for x in gc.get_objects(generation=2))
+
+
+def test_a_process_that_froze_its_heap_keeps_it_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            kept = [[] for _ in range(500)]
+        assert gc.get_freeze_count() == frozen  # nothing thawed
+        assert any(x is kept[0] for x in gc.get_objects(generation=0))  # and what it made stays young
+    finally:
+        gc.unfreeze()
