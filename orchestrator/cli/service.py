@@ -75,14 +75,15 @@ def _request(url: str, method: str, path: str, token: str | None = None, **kwarg
         with _client(url, token) as c:
             r = c.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        err.print(f"[red]cannot reach {url}: {exc}[/red]")
+        err.print(f"cannot reach {url}: {exc}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if r.status_code >= 400:
         try:
             msg = r.json().get("message", r.text)
         except ValueError:
             msg = r.text
-        err.print(f"[red]{method} {path}: HTTP {r.status_code}: {msg}[/red]")
+        # unwrapped (the message stays on one line) and not read as markup (it quotes the input)
+        err.print(f"{method} {path}: HTTP {r.status_code}: {msg}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1)
     return r.json()
 
@@ -161,13 +162,30 @@ def load_serve_config(path: Path, overrides: dict[str, Any] | None = None):
 def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
     """Start Ray, the orchestrator actor and the REST service; block until SIGINT/SIGTERM.
 
-    With ``driver.enabled``, pull batches in a loop (a stand-in for a trainer).
+    With ``driver.enabled``, pull batches in a loop (a stand-in for a trainer). A SIGINT
+    (Ctrl-C) during start-up is remembered and stops the service as soon as it is up (a
+    second one ends the process at once): the handler is set before Ray starts, because a
+    ``KeyboardInterrupt`` raised in parts of Ray's start-up was swallowed and the process
+    served on.
     """
     import ray
     from ray import serve
 
     from orchestrator.service.config import ensure_orchestrator
     from orchestrator.service.serve import build_app
+
+    stop = {"now": False}
+
+    def _stop(*_: Any) -> None:
+        stop["now"] = True
+
+    def _stop_after_start(*_: Any) -> None:
+        stop["now"] = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process at once
+        typer.echo("stopping once start-up is done (Ctrl-C again to quit now)", err=True)
+
+    if block:
+        signal.signal(signal.SIGINT, _stop_after_start)
 
     if not ray.is_initialized():
         init: dict[str, Any] = {"namespace": cfg.orchestrator.namespace if cfg.orchestrator else "trinity-dso",
@@ -187,13 +205,8 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
         on_ready(url)
     if not block:
         return
-    stop = {"now": False}
-
-    def _stop(*_: Any) -> None:
-        stop["now"] = True
-
     signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _stop)  # ray.init set its own
     handle = ray.get_actor(s.actor_name, namespace=s.namespace) if cfg.driver.enabled else None
     emitted = 0
     while not stop["now"]:

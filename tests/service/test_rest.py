@@ -248,6 +248,17 @@ def test_cli_policy_and_status_go_through_the_rest_api(orch, svc):
     assert r.exit_code == 0 and "groups submitted" in r.output and "replenish paused" in r.output
 
 
+def test_cli_prints_a_long_error_message_on_one_line(svc):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.app import app
+
+    r = CliRunner().invoke(app, ["policy", "set", "max_replenish_rounds=banana", "--token", DSO_TOKEN],
+                           env={"DSO_URL": svc.url, "DSO_API_TOKEN": ""})
+    line = next(x for x in r.output.splitlines() if "HTTP 422" in x)
+    assert r.exit_code == 1 and "max_replenish_rounds: Input should be a valid integer" in line
+
+
 def test_cli_assignments_parse_to_nested_typed_values():
     import typer
 
