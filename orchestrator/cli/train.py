@@ -18,15 +18,11 @@ from rich.table import Table
 console = Console()
 
 
-def _f(x, digits: int = 3) -> str:
+def _f(x, digits: int = 3, kind: str = "f") -> str:
+    """A float with ``digits`` decimals (``kind="e"``: scientific, for small magnitudes); "-" for None or NaN."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def _e(x) -> str:
-    """A small magnitude in scientific notation (3 decimals would show 8.6e-6 as 0.000)."""
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1e}"
+    return f"{x:.{digits}{kind}}" if isinstance(x, float) else str(x)
 
 
 def progress_line(row: dict) -> str:
@@ -55,7 +51,7 @@ def train_table(summary: dict) -> Table:
         ("model version at end", last.get("model_version")),
         ("weight syncs", summary["sync"]["count"]),
         ("sync seconds, mean (max)", f"{_f(summary['sync']['mean_seconds'], 4)} ({_f(summary['sync']['max_seconds'], 4)})"),
-        ("max |engine - trainer| log-prob after syncs", _e(summary["sync"]["max_abs_diff"])),
+        ("max |engine - trainer| log-prob after syncs", _f(summary["sync"]["max_abs_diff"], 1, "e")),
         ("entropy at end (nats/token)", last.get("entropy")),
         ("KL to initial policy at end", last.get("kl_ref")),
     ]
@@ -98,7 +94,7 @@ def gigpo_train_table(summary: dict) -> Table:
         ("mean |A_E|, last step", last.get("mean_abs_episode_advantage")),
         ("episode length, last step", last.get("episode_length")),
         ("weight syncs (mean seconds)", f"{summary['sync']['count']} ({_f(summary['sync']['mean_seconds'], 3)})"),
-        ("max |engine - trainer| log-prob after syncs", _e(summary["sync"]["max_abs_diff"])),
+        ("max |engine - trainer| log-prob after syncs", _f(summary["sync"]["max_abs_diff"], 1, "e")),
     ]
     for name, value in rows:
         t.add_row(name, _f(value) if not isinstance(value, str) else value)

@@ -4,8 +4,8 @@ and every call answered once a commit that covers its change is written.
 The actor counts each change it makes (:meth:`GroupCommit.changed`), releases its lock, and
 awaits :meth:`GroupCommit.durable` of that count. While one commit is written in a worker
 thread, the calls that arrive meanwhile wait for the next one, which covers all of their
-changes at once (what databases call group commit). A failed commit goes back to the last one written (``rollback``) and
-fails every call whose change it held.
+changes at once (what databases call group commit). A failed commit goes back to the last one
+written (``rollback``) and fails every call whose change it held.
 """
 
 from __future__ import annotations
@@ -64,12 +64,9 @@ class GroupCommit:
         try:
             write()
         except BaseException as exc:
-            self._rollback()
-            self._wake(exc)
+            self._failed(exc)
             raise
-        done()
-        self._upto = upto
-        self._wake()
+        self._written(upto, done)
 
     async def commit_async(self) -> None:
         """:meth:`commit` with the writing in a worker thread (the event loop keeps answering);
@@ -84,13 +81,10 @@ class GroupCommit:
             await asyncio.to_thread(write)
         except BaseException as exc:
             self.committing = False
-            self._rollback()
-            self._wake(exc)
+            self._failed(exc)
             raise
         self.committing = False
-        done()
-        self._upto = upto
-        self._wake()
+        self._written(upto, done)
         if self._again:  # asked for meanwhile: those calls wait in durable (or were synchronous)
             self._again = False
             try:
@@ -112,6 +106,17 @@ class GroupCommit:
                 await fut
             else:
                 await self.commit_async()
+
+    def _written(self, upto: int, done: Callable[[], None]) -> None:
+        """A commit covering the changes up to ``upto`` is written: record it, answer the waiters."""
+        done()
+        self._upto = upto
+        self._wake()
+
+    def _failed(self, exc: BaseException) -> None:
+        """A commit failed: back to the last one written; its waiters fail with ``exc``."""
+        self._rollback()
+        self._wake(exc)
 
     def _wake(self, exc: BaseException | None = None) -> None:
         """Answer the calls waiting in :meth:`durable`: they look again, or fail with ``exc``."""
