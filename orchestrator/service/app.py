@@ -2,7 +2,9 @@
 
 The deployment holds no state of its own: every request is one call to the orchestrator actor
 (``dso-orchestrator`` in namespace ``trinity-dso`` by default), found by name and looked up
-again when it has been restarted. OpenAPI is served at ``/openapi.json`` (docs at ``/docs``).
+again when it has been restarted. OpenAPI is served at ``/openapi.json``, browsable at ``/docs``
+(Swagger UI) and ``/redoc``, whose scripts are served by the app itself (``fastapi-offline``):
+the pages work on a cluster without internet access.
 
 Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is configured):
 
@@ -43,6 +45,7 @@ from fastapi import FastAPI, Header, HTTPException, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.core.errors import describe_errors, field_path, short_repr
@@ -227,7 +230,7 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     client = client or ActorClient(settings.actor_name, settings.namespace, settings.actor_timeout_s,
                                    settings.actor_restart_wait_s)
     token = settings.token()
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with their scripts served here, not from a CDN
         title="trinity-dso orchestrator",
         version="1",
         description="Read and change the dynamic-sampling (resampling) policy of a running orchestrator; live stats.",

@@ -47,6 +47,16 @@ def test_healthz_and_openapi(orch, http):
     assert set(paths["/v1/policy"]) == {"get", "put", "patch"}
 
 
+@pytest.mark.parametrize("page, script", [("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")])
+def test_the_docs_pages_load_their_scripts_from_the_service_not_a_cdn(http, page, script):
+    html = http.get(page)
+    assert html.status_code == 200 and "/openapi.json" in html.text
+    urls = [u for u in html.text.replace("'", '"').split('"') if u.endswith((".js", ".css"))]
+    assert urls and all(u.startswith("/") for u in urls), urls  # same origin: nothing fetched from elsewhere
+    js = http.get(next(u for u in urls if u.endswith(script)))
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"] and len(js.content) > 500_000
+
+
 def test_policy_round_trip_bumps_revision_and_etag(orch, http):
     r = http.get("/v1/policy")
     assert r.status_code == 200 and r.headers["etag"] == '"0"'
