@@ -65,6 +65,12 @@ def _client(url: str, token: str | None = None):
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30)
 
 
+_AUTH_HINTS = {
+    401: " (this CLI sends the token of DSO_API_TOKEN or --token: set one)",
+    403: " (this CLI sent the token of DSO_API_TOKEN or --token: it is not the service's)",
+}
+
+
 def _request(url: str, method: str, path: str, token: str | None = None, **kwargs: Any) -> Any:
     """One REST call; prints the service's error message and exits 1 on any 4xx/5xx or connection error."""
     import httpx
@@ -82,8 +88,9 @@ def _request(url: str, method: str, path: str, token: str | None = None, **kwarg
             msg = r.json().get("message", r.text)
         except ValueError:
             msg = r.text
+        hint = _AUTH_HINTS.get(r.status_code, "")
         # unwrapped (the message stays on one line) and not read as markup (it quotes the input)
-        err.print(f"{method} {path}: HTTP {r.status_code}: {msg}", style="red", markup=False, soft_wrap=True)
+        err.print(f"{method} {path}: HTTP {r.status_code}: {msg}{hint}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1)
     return r.json()
 
@@ -94,7 +101,7 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
     if isinstance(x, dict):
-        return ", ".join(f"{k} {v}" for k, v in x.items() if v) or "0"
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in x.items() if v) or "0"
     if isinstance(x, list):
         tail = x[-10:]
         return ("... " if len(x) > 10 else "") + " ".join(map(str, tail)) if x else "-"
@@ -271,7 +278,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def status(
         url: str = URL_OPTION,
-        watch: float | None = typer.Option(None, help="Refresh every N seconds until Ctrl-C."),
+        watch: float | None = typer.Option(None, help="Refresh every N seconds until Ctrl-C (into a file or a pipe: one table each time)."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw JSON instead of a table."),
     ) -> None:
         """Live stats of a running service (GET /v1/stats) as a table."""
@@ -284,6 +291,14 @@ def register(app: typer.Typer) -> None:
         if watch is None:
             console.print(status_table(_request(url, "GET", "/v1/stats"), url))
             return
+        if not console.is_terminal:  # a file or a pipe: one table per refresh (a live display writes only its last)
+            try:
+                while True:
+                    console.print(status_table(_request(url, "GET", "/v1/stats"), url))
+                    console.file.flush()
+                    time.sleep(watch)
+            except KeyboardInterrupt:
+                return
         from rich.live import Live
 
         with Live(status_table(_request(url, "GET", "/v1/stats"), url), console=console, refresh_per_second=4) as live:

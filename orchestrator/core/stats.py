@@ -101,7 +101,10 @@ class Stats(BaseModel):
     rollouts_wasted: int = Field(title="rollouts wasted", description="Rollouts of dropped groups.")
     rollouts_per_emitted_group: float | None = Field(title="rollouts per emitted informative group", description="Null before any.")
     keep_ratio: float | None = Field(title="keep rate (informative / classified)", description="Null before any group.")
-    predicted_keep_rate: float = Field(title="predicted keep rate")
+    predicted_keep_rate: float = Field(
+        title="predicted keep rate (all groups so far, smoothed)",
+        description="Laplace-smoothed share of all groups classified informative so far, (k + 1) / (g + 2).",
+    )
     replenish_rounds: int = Field(title="replenish rounds")
     rounds_per_batch: list[int] = Field(title="replenish rounds per batch", description="The most recent batches, oldest first.")
     cap_hits: int = Field(title="cap hits")

@@ -269,6 +269,32 @@ def test_cli_prints_a_long_error_message_on_one_line(svc):
     assert r.exit_code == 1 and "max_replenish_rounds: Input should be a valid integer" in line
 
 
+@pytest.mark.parametrize("token, status, hint", [("", 401, "set one"), ("wrong", 403, "it is not the service's")])
+def test_cli_says_where_its_token_comes_from_when_refused(svc, token, status, hint):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.app import app
+
+    r = CliRunner().invoke(app, ["policy", "set", "target_groups=3"], env={"DSO_URL": svc.url, "DSO_API_TOKEN": token})
+    line = next(x for x in r.output.splitlines() if f"HTTP {status}" in x)
+    assert r.exit_code == 1 and "DSO_API_TOKEN or --token" in line and hint in line
+
+
+def test_cli_status_watch_into_a_pipe_prints_a_table_each_refresh(orch, svc):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    cli = Path(sys.executable).parent / "trinity-dso"
+    proc = subprocess.Popen([str(cli), "status", "--watch", "0.3", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(8)  # the CLI's start-up, then a refresh every 0.3 s
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0].decode(errors="replace")  # Ctrl-C may cut the last table mid-character
+    assert proc.returncode == 0 and out.count("trinity-dso status") >= 3, out[-2000:]
+
+
 def test_cli_assignments_parse_to_nested_typed_values():
     import typer
 

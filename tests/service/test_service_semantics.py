@@ -116,3 +116,15 @@ def test_status_table_lists_the_last_batch_under_its_titles():
     console.print(status_table(core.stats().model_dump(mode="json")))
     text = console.export_text()
     assert "batch coverage (trained / generated rollouts)" in text and "data exhausted" in text
+
+
+def test_status_table_rounds_the_numbers_inside_a_record():
+    from rich.console import Console
+
+    from orchestrator.cli.service import status_table
+
+    stats = {"last_round": {"tasks": 4, "predicted_keep_rate": 0.8186837193328665, "realised_keep_rate": 0.75}}
+    console = Console(width=200, record=True)
+    console.print(status_table(stats))
+    text = console.export_text()
+    assert "tasks 4, predicted_keep_rate 0.8187, realised_keep_rate 0.75" in text and "0.81868" not in text
