@@ -280,7 +280,7 @@ def test_cli_says_where_its_token_comes_from_when_refused(svc, token, status, hi
     assert r.exit_code == 1 and "DSO_API_TOKEN or --token" in line and hint in line
 
 
-def test_cli_status_watch_into_a_pipe_prints_a_table_each_refresh(orch, svc):
+def test_cli_status_watch_into_a_file_prints_a_table_each_refresh(orch, svc, tmp_path):
     import signal
     import subprocess
     import sys
@@ -288,11 +288,18 @@ def test_cli_status_watch_into_a_pipe_prints_a_table_each_refresh(orch, svc):
     from pathlib import Path
 
     cli = Path(sys.executable).parent / "trinity-dso"
-    proc = subprocess.Popen([str(cli), "status", "--watch", "0.3", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(8)  # the CLI's start-up, then a refresh every 0.3 s
-    proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=30)[0].decode(errors="replace")  # Ctrl-C may cut the last table mid-character
-    assert proc.returncode == 0 and out.count("trinity-dso status") >= 3, out[-2000:]
+    log = tmp_path / "status.log"
+    with open(log, "wb") as out:  # a file, as `status --watch 2 > status.log`
+        # Ctrl-C as in a terminal (a test run started in the background ignores SIGINT, and so would its children)
+        proc = subprocess.Popen([str(cli), "status", "--watch", "0.3", "--url", svc.url], stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 120
+        while log.read_bytes().count(b"trinity-dso status") < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    text = log.read_bytes().decode(errors="replace")  # Ctrl-C may cut the last table mid-character
+    assert proc.returncode == 0 and text.count("trinity-dso status") >= 3, text[-2000:]
 
 
 def test_cli_assignments_parse_to_nested_typed_values():
