@@ -288,26 +288,28 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(_request(url, "GET", "/v1/stats"), indent=2))
             return
+        def table():
+            return status_table(_request(url, "GET", "/v1/stats"), url)
+
         if watch is None:
-            console.print(status_table(_request(url, "GET", "/v1/stats"), url))
+            console.print(table())
             return
         if not console.is_terminal:  # a file or a pipe: one table per refresh (a live display writes only its last)
             try:
                 while True:
-                    console.print(status_table(_request(url, "GET", "/v1/stats"), url))
+                    console.print(table())
                     console.file.flush()
                     time.sleep(watch)
             except KeyboardInterrupt:
                 return
         from rich.live import Live
 
-        with Live(status_table(_request(url, "GET", "/v1/stats"), url), console=console, refresh_per_second=4) as live:
+        with Live(table(), console=console, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(watch)
-                    live.update(status_table(_request(url, "GET", "/v1/stats"), url))
+                    live.update(table())
             except KeyboardInterrupt:
                 pass
-
 
 __all__ = ["load_serve_config", "parse_assignments", "register", "run_service", "status_table"]
