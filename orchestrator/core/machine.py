@@ -687,9 +687,13 @@ class OrchestratorCore:
             self._fill_columns(g, values, valid)
         return self._take(groups, invalid, new_round)
 
-    def submit_table(self, table: GroupTable, on_invalid: str = "drop", new_round: bool = True) -> list[Group]:
+    def submit_table(self, table: GroupTable, on_invalid: str = "drop", new_round: bool = True,
+                     checked: CheckedTable | None = None) -> list[Group]:
         """:meth:`submit` of a :class:`GroupTable`: checked at once (:meth:`check_table`), no
         per-rollout objects. Returns one group per row, in row order, ``reason`` set.
+
+        ``checked``: what :meth:`check_table` returned for exactly this table under the current
+        policy (not checked again); None checks here.
 
         Raises:
             InvalidGroupError, UnknownTaskError: ``on_invalid="raise"`` and a row is invalid
@@ -697,7 +701,7 @@ class OrchestratorCore:
         """
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
-        checked = self.check_table(table)
+        checked = checked if checked is not None else self.check_table(table)
         groups, errors = checked.groups, checked.errors
         if errors and on_invalid == "raise":
             raise table_error(errors)

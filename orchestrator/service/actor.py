@@ -487,13 +487,14 @@ class Orchestrator(AnchorLifecycle):
         labels = [self._seen.get(k) if k is not None else None for k in keys]
         fresh = [i for i, label in enumerate(labels) if label is None]
         todo = table.take(fresh) if len(fresh) < len(table) else table
+        checked = None
         if on_invalid == "raise" and fresh:  # all checked before anything changes
-            errors = self.core.check_table(todo).errors
-            if errors:
-                raise table_error(errors)
+            checked = self.core.check_table(todo)
+            if checked.errors:
+                raise table_error(checked.errors)
 
         def submit(_: int) -> list[Group]:  # one vectorised pass: the whole call is one round
-            groups = self.core.submit_table(todo, on_invalid)
+            groups = self.core.submit_table(todo, on_invalid, checked=checked)
             for g, row in zip(groups, fresh):
                 g.key = keys[row] if keys[row] is not None else f"anon:{uuid.uuid4().hex}"
                 labels[row] = g.reason
