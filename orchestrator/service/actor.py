@@ -694,7 +694,10 @@ class Orchestrator(AnchorLifecycle):
             pinned: policy fields the run depends on.
             pinned_by: why, for error messages (e.g. the Trinity fields they come from).
         Returns:
-            ``{"run", "pinned", "requeued": [task ids handed out again]}``.
+            ``{"run", "pinned", "requeued": [task ids handed out again], "unconfirmed": {"session",
+            "batch_ids"}}``: ``unconfirmed`` (``{}`` when none) names the batches handed to the
+            last call of the operator session before this one (a restarted explorer's), which
+            its pipeline may not have written to Trinity's buffer before it died.
         Raises:
             RunConflictError: the orchestrator serves another run, or its task set has another size.
             InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
@@ -730,8 +733,26 @@ class Orchestrator(AnchorLifecycle):
                 log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
                             run, session, len(requeued))
             self.attachment["selector_session"] = session
+        if role == "operator" and self.attachment.get("operator_session") != session:
+            self._operator_restarted(run, session)
         log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
-        return {"run": run, "pinned": dict(pinned), "requeued": requeued}
+        return {"run": run, "pinned": dict(pinned), "requeued": requeued,
+                "unconfirmed": dict(self.attachment.get("unconfirmed") or {})}
+
+    def _operator_restarted(self, run: str, session: str) -> None:
+        """A new operator session (a new explorer process): name the batches handed to the previous
+        session's last call. Nothing tells whether its pipeline wrote them to Trinity's buffer
+        before it died, and they are not handed out again (at most once: handing them out again
+        would duplicate every batch the dead pipeline had written, a far likelier case)."""
+        before = self.attachment.get("operator_session")
+        self.attachment["operator_session"] = session
+        if before is None or self._last_call is None or not self._last_call[0].startswith(f"{before}:"):
+            return
+        ids = [int(b.batch_id) for b in self._last_call[1]]
+        self.attachment["unconfirmed"] = {"session": before, "batch_ids": ids}
+        log.warning("run %s: explorer restarted (operator session %s); batches %s, handed to the previous "
+                    "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
+                    run, session, ids)
 
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter

@@ -334,17 +334,21 @@ def test_every_batch_at_the_buffer_has_exactly_target_groups_times_n_experiences
         assert sorted(tasks.count(t) for t in set(tasks)) == [N] * B
 
 
-def test_no_group_is_lost_or_duplicated_across_the_restart(trinity_run):
+def test_no_group_is_duplicated_and_only_the_dead_pipelines_last_batches_can_be_lost(trinity_run):
     batches, stats = trinity_run["batches"], trinity_run["stats_end"]
     released = [e for b in batches for e in b]
     keys = [(e.info["task_index"]["index"], e.eid.run) for e in released]
     assert len(keys) == len(set(keys))  # each task is in one group, each run once
-    read = sorted({e.info["dso_batch_id"] for e in released})
-    # on failure, which batches the reader missed, against the batch the actor was at when the explorer was killed
-    assert stats["groups_emitted"] + stats["groups_padded"] == len(released) // N, (
-        f"batches read {read} of {stats['batches_emitted']} emitted; at the kill the actor was at batch "
-        f"{trinity_run['state_at_kill']['batch_id']}"
+    read = {e.info["dso_batch_id"] for e in released}
+    emitted = set(range(stats["batches_emitted"]))
+    # at most once: a batch is missing only if the killed explorer's pipeline got it in its last
+    # call and died before writing it to the queue (the actor names those when the new one attaches)
+    unconfirmed = trinity_run["state_end"]["attachment"].get("unconfirmed", {}).get("batch_ids", [])
+    assert read <= emitted and emitted - read <= set(unconfirmed), (
+        f"batches read {sorted(read)} of {len(emitted)} emitted; the dead pipeline's last call got {unconfirmed}; "
+        f"at the kill the actor was at batch {trinity_run['state_at_kill']['batch_id']}"
     )
+    assert stats["groups_emitted"] + stats["groups_padded"] == len(released) // N + B * len(emitted - read)
     assert stats["groups_submitted"] == (stats["groups_emitted"] + stats["groups_padded"] + stats["groups_dropped"]
                                          + stats["groups_held"])
 

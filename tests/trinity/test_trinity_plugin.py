@@ -486,6 +486,23 @@ def test_a_pinned_field_is_refused_and_the_policy_is_unchanged(ray_local):
     ray_local.kill(handle)
 
 
+def test_a_restarted_operator_is_told_which_batches_the_previous_session_may_have_lost(ray_local):
+    handle = get_or_create_orchestrator_for_test(f"dso-ack-{uuid.uuid4().hex[:8]}")
+    first = ray_local.get(handle.attach_run.remote("p/r", session="s1", role="operator"))
+    assert first["unconfirmed"] == {}
+    groups = [Group(str(t), [Experience(ExperienceId(str(t), r, round_tag="0"), reward=float(r)) for r in range(2)])
+              for t in range(2)]
+    _, handed = ray_local.get(handle.submit_and_pop.remote(groups, call_id="s1:a"))
+    assert [b.batch_id for b in handed] == [0]
+    ray_local.get(handle.submit_and_pop.remote([], call_id="s1:b"))  # hands nothing out: the last hand-out stays
+    again = ray_local.get(handle.attach_run.remote("p/r", session="s1", role="operator"))
+    assert again["unconfirmed"] == {}  # the same session attaching again: no restart
+    second = ray_local.get(handle.attach_run.remote("p/r", session="s2", role="operator"))
+    assert second["unconfirmed"] == {"session": "s1", "batch_ids": [0]}
+    assert ray_local.get(handle.attachment_info.remote())["unconfirmed"] == {"session": "s1", "batch_ids": [0]}
+    ray_local.kill(handle)
+
+
 def get_or_create_orchestrator_for_test(name):
     from orchestrator.service.actor import get_or_create_orchestrator
 
