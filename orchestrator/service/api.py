@@ -68,14 +68,18 @@ class FilterBody(FilterConfig):
 
 
 class PolicyBody(ResamplingPolicy):
-    """A whole resampling policy as accepted by ``PUT /v1/policy`` (strict types, unknown fields refused)."""
+    """The policy's fields as accepted over HTTP (strict types, unknown fields refused): all of
+    them in ``PUT /v1/policy`` (:data:`PolicyReplace`), some in ``PATCH`` (:data:`PolicyPatch`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     filter: FilterBody = Field(default_factory=FilterBody, description="Which groups count as informative.")
 
 
-def _optional_model(name: str, base: type[BaseModel], nested: dict[str, Any], doc: str) -> type[BaseModel]:
+def _variant_model(name: str, base: type[BaseModel], nested: dict[str, Any], doc: str, *, required: bool) -> type[BaseModel]:
+    """``base``'s fields, each required (``required``: a whole policy; null only where the policy
+    allows None) or each optional (omitted = keep; null only where the policy allows None),
+    nested models replaced per ``nested``. Cross-field rules are the actor's (``ResamplingPolicy``)."""
     fields: dict[str, Any] = {}
     for fname, info in base.model_fields.items():
         if fname in nested:
@@ -84,18 +88,26 @@ def _optional_model(name: str, base: type[BaseModel], nested: dict[str, Any], do
             ann = Annotated[(info.annotation, *info.metadata)]
         else:
             ann = info.annotation
-        # omitted = keep; null only where the policy itself allows None (e.g. max_staleness, band)
         nullable = type(None) in getattr(info.annotation, "__args__", ())
-        fields[fname] = (Optional[ann] if nullable else ann, Field(None, description=info.description))  # noqa: UP045
+        ann = Optional[ann] if nullable else ann  # noqa: UP045
+        fields[fname] = (ann, Field(... if required else None, description=info.description))
     model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
     model.__doc__ = doc
     return model
 
 
-FilterPatch = _optional_model("FilterPatch", FilterBody, {}, "Filter fields to change; omitted fields keep their value.")
-PolicyPatch = _optional_model(
+FilterReplace = _variant_model("FilterReplace", FilterBody, {}, "Every filter field.", required=True)
+PolicyReplace = _variant_model(
+    "PolicyReplace", PolicyBody, {"filter": FilterReplace},
+    "A whole policy (``PUT /v1/policy``): every field, as ``GET /v1/policy`` returns it under ``policy`` "
+    "(a field left out is refused, not reset to its default; ``PATCH`` changes some).", required=True,
+)
+FilterPatch = _variant_model("FilterPatch", FilterBody, {}, "Filter fields to change; omitted fields keep their value.",
+                             required=False)
+PolicyPatch = _variant_model(
     "PolicyPatch", PolicyBody, {"filter": FilterPatch},
     "Policy fields to change (``PATCH /v1/policy``); omitted fields keep their value, ``filter`` is merged key by key.",
+    required=False,
 )
 
 

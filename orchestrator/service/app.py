@@ -11,7 +11,7 @@ Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is 
 =========================  =============================================================
 ``GET /healthz``           200 when the orchestrator actor answers, else 503
 ``GET /v1/policy``         the resampling policy and its revision (``ETag: "<revision>"``)
-``PUT /v1/policy``         replace the whole policy (omitted fields take their defaults)
+``PUT /v1/policy``         replace the whole policy (every field; one left out is refused)
 ``PATCH /v1/policy``       change some fields (``filter`` merged key by key)
 ``GET /v1/stats``          live counters (``OrchestratorCore.stats()``)
 ``GET /v1/tasks/{id}``     one task's history, pass-rate estimate, next eligible epoch
@@ -56,8 +56,8 @@ from orchestrator.service.actor import OrchestratorUnavailable, PinnedPolicyErro
 from orchestrator.service.api import (
     ErrorResponse,
     Health,
-    PolicyBody,
     PolicyPatch,
+    PolicyReplace,
     PolicyState,
     ServiceSettings,
 )
@@ -247,6 +247,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
             return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {field_path(e['loc'][1:]) or 'start'})", errors)
         located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]} for e in errors]
         message = describe_errors(located, root="body", with_input=False)
+        if request.method == "PUT" and any(e["type"] == "missing" for e in errors):
+            message += ". PUT replaces the whole policy: send every field (GET /v1/policy's \"policy\"), or PATCH the ones to change"
         return _error(422, "validation", message, errors)
 
     @app.exception_handler(StarletteHTTPException)
@@ -316,14 +318,15 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     @app.put("/v1/policy", response_model=PolicyState, tags=["policy"],
              responses={409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
     async def put_policy(
-        body: PolicyBody,
+        body: PolicyReplace,  # type: ignore[valid-type]
         request: Request,
         response: Response,
         if_match: str | None = Header(None, description='Expected revision, e.g. "3"; a stale one gets 409.',
                                       pattern=IF_MATCH_PATTERN),
         _auth: BearerAuth = None,
     ) -> PolicyState:
-        """Replace the whole policy (omitted fields take their defaults); applies from the next round."""
+        """Replace the whole policy: every field, as ``GET`` returns it (a field left out is refused
+        with 422 naming it, not reset to its default; ``PATCH`` changes some); applies from the next round."""
         state = await write_policy(request, body.model_dump(mode="json"), True, if_match)
         return await policy_response(state, response)
 

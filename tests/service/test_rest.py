@@ -66,12 +66,11 @@ def test_policy_round_trip_bumps_revision_and_etag(orch, http):
     got = http.get("/v1/policy").json()
     assert got["revision"] == 1 and got["policy"]["target_groups"] == 3
     assert got["policy"]["filter"]["std_tol"] == 0.01 and got["policy"]["filter"]["judge"] == "auto"
-    # PUT replaces the whole policy: omitted fields take their defaults
-    r = http.put("/v1/policy", json={"target_groups": 5, "group_size": 2, "filter": {"band": [-0.5, 0.5]}}, headers=AUTH)
+    # PUT replaces the whole policy: every field, as GET returns it
+    whole = got["policy"] | {"target_groups": 5, "filter": got["policy"]["filter"] | {"band": [-0.5, 0.5]}}
+    r = http.put("/v1/policy", json=whole, headers=AUTH)
     assert r.status_code == 200 and r.json()["revision"] == 2
-    p = http.get("/v1/policy").json()["policy"]
-    assert p["target_groups"] == 5 and p["min_keep_rate"] == 0.1 and p["filter"]["band"] == [-0.5, 0.5]
-    assert p["filter"]["std_tol"] == 1e-6
+    assert http.get("/v1/policy").json()["policy"] == whole
     # the actor agrees
     assert ray.get(orch.get_policy.remote())["revision"] == 2
 
@@ -99,9 +98,24 @@ def test_invalid_patch_is_422_naming_the_field_and_changes_nothing(orch, http):
 
 
 def test_invalid_put_is_422(orch, http):
-    r = http.put("/v1/policy", json={"group_size": 0}, headers=AUTH)
-    assert r.status_code == 422 and "group_size" in r.json()["message"]
+    whole = http.get("/v1/policy").json()["policy"]
+    r = http.put("/v1/policy", json=whole | {"group_size": 0}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["message"].startswith("group_size: Input should be greater than or equal to 1")
     assert revision(http) == 0
+
+
+def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, http):
+    before = http.get("/v1/policy").json()
+    whole = http.get("/v1/policy").json()["policy"] | {"target_groups": 5}
+    del whole["max_replenish_rounds"]
+    del whole["filter"]["std_tol"]
+    r = http.put("/v1/policy", json=whole, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == (
+        "filter.std_tol: Field required; max_replenish_rounds: Field required. PUT replaces the whole policy: "
+        'send every field (GET /v1/policy\'s "policy"), or PATCH the ones to change'
+    )
+    assert http.get("/v1/policy").json() == before
 
 
 def test_bad_bodies_are_4xx_and_service_keeps_running(orch, http):
@@ -139,7 +153,8 @@ def test_stale_if_match_is_409(orch, http):
     assert r.status_code == 200 and r.headers["etag"] == '"1"'
     r = http.patch("/v1/policy", json={"target_groups": 4}, headers={**AUTH, "If-Match": '"0"'})
     assert r.status_code == 409 and "expected 0 but the policy is at revision 1" in r.json()["message"]
-    r = http.put("/v1/policy", json={"target_groups": 4, "group_size": 2}, headers={**AUTH, "If-Match": 'W/"0"'})
+    whole = http.get("/v1/policy").json()["policy"] | {"target_groups": 4}
+    r = http.put("/v1/policy", json=whole, headers={**AUTH, "If-Match": 'W/"0"'})
     assert r.status_code == 409
     assert http.get("/v1/policy").json()["policy"]["target_groups"] == 3
     for bad in ("abc", "null", "\u00b2", '"1" "2"'):  # superscript two: str.isdigit() but not int()
