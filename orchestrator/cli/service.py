@@ -297,7 +297,9 @@ def register(app: typer.Typer) -> None:
         if not console.is_terminal:  # a file or a pipe: one table per refresh (a live display writes only its last)
             try:
                 while True:
-                    console.print(table())
+                    with console.capture() as shot:  # rendered whole first: Ctrl-C never cuts a table
+                        console.print(table())
+                    console.file.write(shot.get())
                     console.file.flush()
                     time.sleep(watch)
             except KeyboardInterrupt:
