@@ -56,7 +56,8 @@ compare-gigpo: $(STAMP)
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).
 $(VENV)/.prometheus: | $(STAMP)
-	command -v prometheus >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	@command -v prometheus >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  echo "installing Debian's prometheus for the real-scrape test (about 15 s)" && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
 	  echo "prometheus not installed: tests/service/test_metrics.py::test_a_real_prometheus_scrapes_the_service will skip"
 	touch $@

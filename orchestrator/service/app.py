@@ -248,7 +248,7 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]} for e in errors]
         message = describe_errors(located, root="body", with_input=False)
         if request.method == "PUT" and any(e["type"] == "missing" for e in errors):
-            message += ". PUT replaces the whole policy: send every field (GET /v1/policy's \"policy\"), or PATCH the ones to change"
+            message += ". PUT replaces the whole policy: send every field (the \"policy\" object of GET /v1/policy, without its \"revision\"), or PATCH the ones to change"
         return _error(422, "validation", message, errors)
 
     @app.exception_handler(StarletteHTTPException)

@@ -113,7 +113,7 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
     assert r.status_code == 422, r.text
     assert r.json()["message"] == (
         "filter.std_tol: Field required; max_replenish_rounds: Field required. PUT replaces the whole policy: "
-        'send every field (GET /v1/policy\'s "policy"), or PATCH the ones to change'
+        'send every field (the "policy" object of GET /v1/policy, without its "revision"), or PATCH the ones to change'
     )
     assert http.get("/v1/policy").json() == before
 
