@@ -325,8 +325,9 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
                                       pattern=IF_MATCH_PATTERN),
         _auth: BearerAuth = None,
     ) -> PolicyState:
-        """Replace the whole policy: every field, as ``GET`` returns it (a field left out is refused
-        with 422 naming it, not reset to its default; ``PATCH`` changes some); applies from the next round."""
+        """Replace the whole policy: every field, as the ``policy`` object of ``GET``'s body (a field
+        left out is refused with 422 naming it, not reset to its default; ``PATCH`` changes some);
+        applies from the next round."""
         state = await write_policy(request, body.model_dump(mode="json"), True, if_match)
         return await policy_response(state, response)
 
