@@ -288,6 +288,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(_request(url, "GET", "/v1/stats"), indent=2))
             return
+
         def table():
             return status_table(_request(url, "GET", "/v1/stats"), url)
 
@@ -313,5 +314,6 @@ def register(app: typer.Typer) -> None:
                     live.update(table())
             except KeyboardInterrupt:
                 pass
+
 
 __all__ = ["load_serve_config", "parse_assignments", "register", "run_service", "status_table"]
