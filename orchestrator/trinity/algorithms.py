@@ -42,6 +42,13 @@ def _sync_method(config: Any) -> str:
     return str(getattr(method, "value", method)).lower()
 
 
+def default_state_file(job_dir: str) -> str:
+    """``<job_dir>/dso/orchestrator.db``, or ``<job_dir>/dso/orchestrator.json`` when only that one
+    exists: the same SQLite state file as earlier versions named it, so that their runs resume."""
+    state, earlier = os.path.join(job_dir, "dso", "orchestrator.db"), os.path.join(job_dir, "dso", "orchestrator.json")
+    return earlier if os.path.exists(earlier) and not os.path.exists(state) else state
+
+
 def configure_orchestrated_run(config: Any) -> None:
     """Fill and cross-check the orchestrator settings of a Trinity ``Config``, in place.
 
@@ -53,7 +60,9 @@ def configure_orchestrated_run(config: Any) -> None:
     values is refused), completed and written back to both, so whichever component starts
     first creates the one actor with the same settings:
 
-    * ``run`` = ``<project>/<name>``; ``checkpoint_path`` = ``<checkpoint_job_dir>/dso/orchestrator.json``;
+    * ``run`` = ``<project>/<name>``; ``checkpoint_path`` = ``<checkpoint_job_dir>/dso/orchestrator.db``
+      (the actor's SQLite state file; a run started by an earlier version, which named it
+      ``orchestrator.json``, keeps that file);
       ``held_dir`` = ``<checkpoint_job_dir>/dso/held`` (the actor and the held experiences
       survive an explorer restart, and Trinity's resume continues from them);
     * ``policy.group_size`` = ``algorithm.repeat_times``; ``policy.target_groups`` defaults to
@@ -118,7 +127,7 @@ def configure_orchestrated_run(config: Any) -> None:
 
     job_dir = getattr(config, "checkpoint_job_dir", None) or config.get_checkpoint_job_dir()
     merged.setdefault("run", "/".join(p for p in (config.project, config.group, config.name) if p))
-    merged.setdefault("checkpoint_path", os.path.join(job_dir, "dso", "orchestrator.json"))
+    merged.setdefault("checkpoint_path", default_state_file(job_dir))
     merged.setdefault("held_dir", os.path.join(job_dir, "dso", "held"))
     policy = dict(merged.get("policy") or {})
     where_policy = f"{origin.get('policy', places[0][0])}.policy"

@@ -47,7 +47,8 @@ class AttachConfig(BaseModel):
     namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="Its Ray namespace (REST `namespace`); not the run's.")
     policy: dict[str, Any] = Field(default_factory=dict, description="Initial resampling policy; a checkpoint's policy wins.")
     checkpoint_path: str | None = Field(
-        None, description="JSON checkpoint of the actor; default <checkpoint_job_dir>/dso/orchestrator.json."
+        None, description="The actor's state file (SQLite); default <checkpoint_job_dir>/dso/orchestrator.db "
+        "(orchestrator.json where a run of an earlier version left one)."
     )
     held_dir: str | None = Field(
         None, description="Where the operator keeps the experiences of held (carried) groups; "

@@ -275,7 +275,27 @@ def test_check_config_gives_selector_and_operator_one_set_of_actor_settings(tmp_
     assert args == cfg.buffer.explorer_input.taskset.data_selector.kwargs
     assert (args["actor_name"], args["namespace"], args["run"]) == ("a1", "trinity-dso", "p/n")
     assert args["anchor_index"] == {"redis_url": "redis://h:1/0"}
-    assert args["checkpoint_path"] == "/ckpt/p/n/dso/orchestrator.json" and args["held_dir"] == "/ckpt/p/n/dso/held"
+    assert args["checkpoint_path"] == "/ckpt/p/n/dso/orchestrator.db" and args["held_dir"] == "/ckpt/p/n/dso/held"
+
+
+def test_a_run_started_by_an_earlier_version_resumes_from_its_orchestrator_json(tmp_path):
+    from orchestrator.service.actor import Orchestrator
+
+    earlier = tmp_path / "ckpt" / "p" / "n" / "dso" / "orchestrator.json"  # the name earlier versions gave the state file
+    asyncio.run(Orchestrator({"group_size": 4, "target_groups": 2}, IndexTaskSet.of_size(4), checkpoint_path=str(earlier))
+                .set_policy({"max_replenish_rounds": 3}))
+    cfg = _config(
+        f"mode: explore\nproject: p\nname: n\ncheckpoint_root_dir: {tmp_path / 'ckpt'}\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "buffer: {batch_size: 2}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n",
+        tmp_path,
+    )
+    DsoDAPOAlgorithm.check_config(cfg)
+    path = cfg.data_processor.experience_pipeline.operators[0].args["checkpoint_path"]
+    assert path == str(earlier)
+    resumed = Orchestrator({"group_size": 4, "target_groups": 2}, IndexTaskSet.of_size(4), checkpoint_path=path)
+    assert resumed.get_policy()["policy"]["max_replenish_rounds"] == 3
 
 
 def test_check_config_refuses_two_different_values_of_one_setting(tmp_path):
