@@ -1,7 +1,7 @@
 """The service commands of ``trinity-dso``: ``serve``, ``policy get|set``, ``status``.
 
 ``serve`` starts Ray (or joins a cluster), the named orchestrator actor and the REST service
-from a YAML config (:class:`orchestrator.service.app.ServeConfig`). The other commands are clients
+from a YAML config (:class:`orchestrator.service.config.ServeConfig`). The other commands are clients
 of the REST API only (httpx): they work against any running service, local or remote.
 
 Client options: ``--url`` (``$DSO_URL``, default ``http://127.0.0.1:8000``) and ``--token``
@@ -160,7 +160,7 @@ def load_yaml_model(path: Path | None, model: type, overrides: dict[str, Any] | 
 
 
 def load_serve_config(path: Path, overrides: dict[str, Any] | None = None):
-    """Read and validate a ``serve`` YAML config (``orchestrator.service.app.ServeConfig``)."""
+    """Read and validate a ``serve`` YAML config (``orchestrator.service.config.ServeConfig``)."""
     from orchestrator.service.config import ServeConfig
 
     return load_yaml_model(path, ServeConfig, overrides)
@@ -201,7 +201,13 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
             init["address"] = cfg.ray.address
         else:
             init.update(include_dashboard=False, num_cpus=cfg.ray.num_cpus)
-        ray.init(**init)
+        try:
+            ray.init(**init)
+        except ConnectionError as err:
+            raise typer.BadParameter(
+                f"ray.address: no Ray cluster answered at {cfg.ray.address!r} ({str(err).splitlines()[0]}); start one "
+                "first (ray start --head), or set ray.address: null to start a local Ray"
+            ) from None
     s = cfg.service
     if cfg.orchestrator is not None and cfg.orchestrator.create:  # create: false - a Trinity run creates it
         ensure_orchestrator(cfg.orchestrator)

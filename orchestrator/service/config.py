@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, OrchestratorUnavailable
 from orchestrator.service.api import ServiceSettings
 
@@ -47,7 +48,7 @@ class OrchestratorConfig(BaseModel):
     namespace: str = DEFAULT_NAMESPACE
     create: bool = Field(True, description="Create the named actor when absent (false: it must exist).")
     detached: bool = Field(True, description="Let the actor outlive the process that created it.")
-    policy: dict[str, Any] = Field(default_factory=dict, description="Initial resampling policy (orchestrator.core.policy).")
+    policy: ResamplingPolicy = Field(default_factory=ResamplingPolicy, description="Initial resampling policy (orchestrator.core.policy); a resumed state file's policy wins.")
     tasks: ComponentConfig = Field(default_factory=ComponentConfig)
     rollout: ComponentConfig = Field(default_factory=ComponentConfig)
     sink: str | None = Field(None, description="SQLite file for emitted batches (orchestrator.service.sink.SQLiteSink).")
@@ -92,11 +93,10 @@ def _import(path: str) -> Any:
 
 def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of :class:`orchestrator.service.actor.Orchestrator` for a config."""
-    from orchestrator.core.policy import ResamplingPolicy as Policy
     from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks, scripted_mix
     from orchestrator.service.metrics import DSOMetrics
 
-    policy = Policy.parse(cfg.policy)
+    policy = cfg.policy
     t = cfg.tasks
     if t.kind == "scripted":
         task_set = ScriptedTasks(t.ids or [f"t{i}" for i in range(t.count)])
