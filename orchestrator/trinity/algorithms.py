@@ -49,7 +49,7 @@ def default_state_file(job_dir: str) -> str:
     return earlier if os.path.exists(earlier) and not os.path.exists(state) else state
 
 
-def configure_orchestrated_run(config: Any) -> None:
+def configure_orchestrated_run(config: Any, *, step_wise: bool = False) -> None:
     """Fill and cross-check the orchestrator settings of a Trinity ``Config``, in place.
 
     Called from :meth:`DsoDAPOAlgorithm.check_config` / :meth:`DsoGiGPOAlgorithm.check_config`
@@ -70,6 +70,12 @@ def configure_orchestrated_run(config: Any) -> None:
       ``buffer.batch_size`` (Trinity then sets ``train_batch_size = batch_size x repeat_times``).
       Both are *pinned*: the actor refuses a live change of them (REST 409), since the trainer
       reads exactly ``train_batch_size`` experiences per step;
+    * ``step_wise`` (``dso_gigpo``: one experience per step of a multi-turn trajectory): a batch
+      holds ``target_groups x repeat_times`` trajectories of 1 or more steps, so no
+      ``train_batch_size`` in experiences can match it. ``train_batch_size`` is then left to the
+      user (the trainer reads a batch in one or more steps; advantages are computed on whole
+      batches in the pipeline), ``target_groups`` defaults to ``buffer.batch_size``, and only
+      ``group_size`` is pinned;
     * with ``advantage_fn: dso_gigpo_index``: its ``actor_name`` / ``namespace`` / ``group_size``
       are set to the orchestrator's, and the orchestrator must have an ``anchor_index``.
 
@@ -83,7 +89,7 @@ def configure_orchestrated_run(config: Any) -> None:
         ValueError, naming the fields and values: no ``dso_orchestrator`` operator in
             ``data_processor.experience_pipeline.operators``; conflicting settings;
             ``group_size`` != ``repeat_times``; ``target_groups x repeat_times !=
-            train_batch_size``; ``dso_gigpo_index`` without an anchor index or with a policy that
+            train_batch_size`` (not ``step_wise``); ``dso_gigpo_index`` without an anchor index or with a policy that
             masks members (``group_validity`` / ``stale_members`` ``"mask"``); ``mode: both``
             with a synchronisation that waits for the trainer at fixed steps (``sync_style``
             other than ``trainer_driven`` with ``sync_method: nccl``, or ``fully_async``): the
@@ -133,7 +139,7 @@ def configure_orchestrated_run(config: Any) -> None:
     where_policy = f"{origin.get('policy', places[0][0])}.policy"
     if int(policy.get("group_size", n)) != n:
         raise ValueError(f"{where_policy}.group_size: {policy['group_size']} differs from algorithm.repeat_times={n}")
-    tbs = int(config.buffer.train_batch_size or 0)
+    tbs = 0 if step_wise else int(config.buffer.train_batch_size or 0)
     if "target_groups" in policy:
         target = int(policy["target_groups"])
     else:
@@ -146,11 +152,15 @@ def configure_orchestrated_run(config: Any) -> None:
         )
     policy.update(group_size=n, target_groups=target)
     merged["policy"] = policy
-    merged["pinned"] = {"group_size": n, "target_groups": target}
-    merged["pinned_by"] = (
-        f"the trainer reads buffer.train_batch_size = target_groups x algorithm.repeat_times = {target} x {n} "
-        "experiences per step"
-    )
+    if step_wise:
+        merged["pinned"] = {"group_size": n}
+        merged["pinned_by"] = f"a group is algorithm.repeat_times = {n} trajectories"
+    else:
+        merged["pinned"] = {"group_size": n, "target_groups": target}
+        merged["pinned_by"] = (
+            f"the trainer reads buffer.train_batch_size = target_groups x algorithm.repeat_times = {target} x {n} "
+            "experiences per step"
+        )
     cfg = AttachConfig.parse(merged, places[0][0])
     policy = cfg.resampling_policy()  # an invalid policy fails here, at config time
     settings = cfg.model_dump(mode="json")
@@ -269,6 +279,6 @@ class DsoGiGPOAlgorithm(AlgorithmType, metaclass=_NamedOnceMeta):
     @classmethod
     def check_config(cls, config: Any) -> None:
         """See :func:`configure_orchestrated_run`."""
-        configure_orchestrated_run(config)
+        configure_orchestrated_run(config, step_wise=True)
 
 

@@ -298,6 +298,21 @@ def test_a_run_started_by_an_earlier_version_resumes_from_its_orchestrator_json(
     assert resumed.get_policy()["policy"]["max_replenish_rounds"] == 3
 
 
+def test_a_step_wise_gigpo_run_keeps_its_train_batch_size_and_pins_only_group_size(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "algorithm: {algorithm_type: dso_gigpo, repeat_times: 8}\n"
+        "buffer: {batch_size: 64, train_batch_size: 2048}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator}]}}\n",
+        tmp_path,
+    )
+    DsoGiGPOAlgorithm.check_config(cfg)  # 64 x 8 trajectories of several steps: no experience count matches a batch
+    args = cfg.data_processor.experience_pipeline.operators[0].args
+    assert cfg.buffer.train_batch_size == 2048
+    assert (args["policy"]["group_size"], args["policy"]["target_groups"]) == (8, 64)
+    assert args["pinned"] == {"group_size": 8}
+
+
 def test_check_config_refuses_two_different_values_of_one_setting(tmp_path):
     cfg = _config(
         "mode: explore\n"
