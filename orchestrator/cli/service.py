@@ -270,7 +270,7 @@ def register(app: typer.Typer) -> None:
 
     @policy_app.command("set")
     def policy_set(
-        assignments: Annotated[list[str], typer.Argument(metavar="KEY=VALUE...", help="e.g. target_groups=16 filter.std_tol=0.01 replenish_paused=true")],
+        assignments: Annotated[list[str], typer.Argument(metavar="KEY=VALUE...", help="e.g. target_groups=16 filter.std_tol=0.01 filter.band=[0.2,0.8] replenish_paused=true; each VALUE is read as YAML (true/false, yes/no, null, lists)")],
         url: str = URL_OPTION,
         token: str | None = TOKEN_OPTION,
         if_match: int | None = typer.Option(None, "--if-match", help="Refuse (409) unless the policy is at this revision."),

@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(None, min=1, help="Rollouts to generate (default: the config's)."),
         config: Path | None = typer.Option(None, exists=True, dir_okay=False,
                                            help="YAML with orchestrator.jobs.dapo_train.DapoTrainConfig fields."),
-        out: Path | None = typer.Option(None, help="Output directory (train.json, curves.png, sampling.png)."),
+        out: Path | None = typer.Option(None, help="Output directory (train.json, curves.png, sampling.png, metrics.prom)."),
     ) -> None:
         """The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval)."""
         from orchestrator.cli.service import load_yaml_model
@@ -179,7 +179,7 @@ def register(app: typer.Typer) -> None:
     def compare_gigpo(
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
         budget: int | None = typer.Option(None, min=1, help="Trajectories per arm and seed (default: the comparison's)."),
-        out: Path = typer.Option(Path("runs/gigpo-compare"), help="Output directory (comparison.md, comparison.png, runs)."),
+        out: Path = typer.Option(Path("runs/gigpo-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
         arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
     ) -> None:
         """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
@@ -194,7 +194,7 @@ def register(app: typer.Typer) -> None:
     def ablate_dapo(
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
         budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the ablation's)."),
-        out: Path = typer.Option(Path("runs/ablation"), help="Output directory (ablation.md, ablation.png, runs)."),
+        out: Path = typer.Option(Path("runs/ablation"), help="Output directory (ablation.md, ablation.json, ablation.png, runs)."),
         arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
     ) -> None:
         """Full DAPO vs each technique switched off alone vs plain GRPO, same rollout budget."""

@@ -131,6 +131,22 @@ class ActorClient:
 # --------------------------------------------------------------------------- the app
 
 
+
+def _hints(method: str, errors: list[dict]) -> list[str]:
+    """What the usual mistakes behind a 422 of ``/v1/policy`` should have been (said before the errors)."""
+    unknown = [e["loc"][-1] for e in errors if e["type"] == "extra_forbidden" and e["loc"]]
+    hints = []
+    if {"policy", "revision"} & set(unknown):
+        hints.append('send the "policy" object of GET /v1/policy, not its whole body')
+    if dotted := [k for k in unknown if isinstance(k, str) and "." in k]:
+        parent, _, child = dotted[0].partition(".")
+        hints.append(f'nested fields are objects: {{"{parent}": {{"{child}": ...}}}}, not "{dotted[0]}"')
+    if method == "PUT" and any(e["type"] == "missing" for e in errors):
+        hints.append('PUT replaces the whole policy: send every field (the "policy" object of GET /v1/policy, '
+                     'without its "revision"), or PATCH the ones to change')
+    return hints
+
+
 def _error(status: int, kind: str, message: str, detail: list | None = None, headers: dict | None = None) -> JSONResponse:
     body = ErrorResponse(error=kind, message=message, detail=detail).model_dump(exclude_none=True)
     return JSONResponse(body, status_code=status, headers=headers)
@@ -246,10 +262,8 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
             e = next(e for e in errors if e["type"] == "json_invalid")
             return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {field_path(e['loc'][1:]) or 'start'})", errors)
         located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]} for e in errors]
-        message = describe_errors(located, root="body", with_input=False)
-        if request.method == "PUT" and any(e["type"] == "missing" for e in errors):
-            message += ". PUT replaces the whole policy: send every field (the \"policy\" object of GET /v1/policy, without its \"revision\"), or PATCH the ones to change"
-        return _error(422, "validation", message, errors)
+        return _error(422, "validation", "".join(h + ". " for h in _hints(request.method, located))
+                      + describe_errors(located, root="body", with_input=False), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -112,10 +112,31 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
     r = http.put("/v1/policy", json=whole, headers=AUTH)
     assert r.status_code == 422, r.text
     assert r.json()["message"] == (
-        "filter.std_tol: Field required; max_replenish_rounds: Field required. PUT replaces the whole policy: "
-        'send every field (the "policy" object of GET /v1/policy, without its "revision"), or PATCH the ones to change'
+        'PUT replaces the whole policy: send every field (the "policy" object of GET /v1/policy, without its '
+        '"revision"), or PATCH the ones to change. filter.std_tol: Field required; max_replenish_rounds: Field required'
     )
     assert http.get("/v1/policy").json() == before
+
+
+def test_a_patch_of_gets_whole_body_is_422_saying_to_send_its_policy_object(orch, http):
+    before = http.get("/v1/policy").json()
+    r = http.patch("/v1/policy", json=before, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == (
+        'send the "policy" object of GET /v1/policy, not its whole body. '
+        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted"
+    )
+    assert http.get("/v1/policy").json() == before
+
+
+def test_a_dotted_field_name_is_422_showing_the_nested_object(orch, http):
+    r = http.patch("/v1/policy", json={"filter.std_tol": 0.1}, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == (
+        'nested fields are objects: {"filter": {"std_tol": ...}}, not "filter.std_tol". '
+        "filter.std_tol: Extra inputs are not permitted"
+    )
+    assert revision(http) == 0
 
 
 def test_bad_bodies_are_4xx_and_service_keeps_running(orch, http):
