@@ -131,7 +131,6 @@ class ActorClient:
 # --------------------------------------------------------------------------- the app
 
 
-
 def _hints(method: str, errors: list[dict]) -> list[str]:
     """What the usual mistakes behind a 422 of ``/v1/policy`` should have been (said before the errors)."""
     unknown = [e["loc"][-1] for e in errors if e["type"] == "extra_forbidden" and e["loc"]]
