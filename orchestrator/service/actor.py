@@ -820,9 +820,12 @@ class Orchestrator(AnchorLifecycle):
         return await self.set_policy({"replenish_paused": False})
 
     @ray.method(max_task_retries=RETRIES)
-    def set_model_version(self, version: int) -> None:
-        self.core.set_model_version(version)
-        self.commits.commit()
+    async def set_model_version(self, version: int) -> None:
+        """The trainer's model version (after a weight sync); returns once it is committed."""
+        async with self._lock:
+            self.core.set_model_version(version)
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
         self._anchor_in_background(self._anchor_auto_expire)
 
     @ray.method(max_task_retries=RETRIES)

@@ -12,6 +12,7 @@ concurrency tests run it as a Ray actor, whose memory index is served by its own
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sys
@@ -240,11 +241,11 @@ def test_batches_older_than_max_age_versions_are_dropped_when_the_version_advanc
     o = orch({"max_age_versions": 1})
     o.anchor_register("v0")  # opened at version 0
     o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
-    o.set_model_version(1)
+    asyncio.run(o.set_model_version(1))
     o.anchor_register("v1")
     o.anchor.insert("v1", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     assert sorted(o.anchor_stats()["tracked_batches"]) == ["v0", "v1"]  # 0 >= 1 - 1: kept
-    o.set_model_version(2)
+    asyncio.run(o.set_model_version(2))
     st = o.anchor_stats()
     assert st["tracked_batches"] == {"v1": 1} and st["batches"] == 1
 
@@ -253,7 +254,7 @@ def test_without_max_age_versions_only_the_ttl_expires_batches():
     o = orch({})
     o.anchor_register("v0")
     o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
-    o.set_model_version(50)
+    asyncio.run(o.set_model_version(50))
     assert o.anchor_expire() == [] and o.anchor_stats()["batches"] == 1
     assert o.anchor_expire(max_age_versions=10) == ["v0"]
 
@@ -264,7 +265,7 @@ def test_registered_redis_batch_is_expired_and_its_keys_deleted(redis_url, redis
     o = orch({"redis_url": redis_url, "prefix": redis_namespace, "max_age_versions": 0})
     o.anchor_register("w", model_version=3)  # a worker writes "w" to Redis directly
     RedisAnchorIndex(redis_url, prefix=redis_namespace).insert("w", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
-    o.set_model_version(4)
+    asyncio.run(o.set_model_version(4))
     client = redis.Redis.from_url(redis_url)
     assert [k for k in client.scan_iter(match=f"{redis_namespace}:{{w}}*")] == []
     assert o.anchor_stats()["tracked_batches"] == {}
@@ -278,7 +279,7 @@ def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_
     first.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     second = orch(cfg, checkpoint_path=path)
     assert second.anchor_stats()["tracked_batches"] == {"b": 0}
-    second.set_model_version(1)
+    asyncio.run(second.set_model_version(1))
     assert second.anchor_stats()["batches"] == 0
 
 

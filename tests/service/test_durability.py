@@ -323,3 +323,10 @@ def test_a_policy_change_made_during_a_commit_answers_once_it_is_on_disk(tmp_pat
     assert answer["revision"] == 1
     crashed = orch(tmp_path / "crash")
     assert crashed.get_policy()["revision"] == 1 and crashed.get_policy()["policy"]["target_groups"] == 3
+
+
+def test_a_model_version_set_during_a_commit_answers_once_it_is_on_disk(tmp_path):
+    o = orch(tmp_path)
+    during_a_commit(o, tmp_path, lambda: o.set_model_version(5))
+    crashed = orch(tmp_path / "crash")
+    assert crashed.get_stats().model_version == 5
