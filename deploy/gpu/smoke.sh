@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU smoke test of trinity-dso inside a real Trinity-RFT run (mode: both): Trinity's own vLLM
+# GPU smoke test of trinity-dso inside a real Trinity-RFT run: Trinity's own vLLM
 # engine and verl trainer, our dso_orchestrator selector and operator, the tiny model and the
-# labelled taskset of tests/trinity/test_trinity_explorer.py. Needs 1 GPU; about 5-8 minutes.
+# labelled taskset of tests/trinity/test_trinity_explorer.py. With 2+ GPUs mode: both; with 1 GPU,
+# explore into SQLite, then train from it (see smoke.py). About 5-8 minutes.
 #
 #   bash deploy/gpu/smoke.sh            # from the repository root, on the GPU machine
 #

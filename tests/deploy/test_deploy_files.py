@@ -6,6 +6,7 @@ same pydantic model the service uses).
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,35 @@ def test_kuberay_rayservice_parses_and_its_serve_config_validates():
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= set(ports)
 
 
+def test_kuberay_keeps_the_state_file_on_a_persistent_volume_claim_of_the_same_file():
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kuberay/rayservice.yaml").read_text()))
+    rs = next(d for d in docs if d["kind"] == "RayService")
+    cfg = ServeConfig.model_validate(yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["args"])
+    pod = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if cfg.orchestrator.checkpoint_path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claims = [d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert volume["persistentVolumeClaim"]["claimName"] in claims
+
+
 def test_ray_cluster_file_parses_and_starts_the_service():
     cluster = load(ROOT / "deploy/ray/cluster.yaml")
     assert cluster["provider"]["type"] == "local"
     assert any("trinity-dso serve --config deploy/ray/service.yaml" in c for c in cluster["head_start_ray_commands"])
+
+
+def test_the_image_takes_torchs_cpu_wheels_unless_told_otherwise():
+    args = dict(line.split()[1].split("=", 1) for line in (ROOT / "deploy/Dockerfile").read_text().splitlines()
+                if line.startswith("ARG ") and "=" in line)
+    assert args["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # PyPI's torch is the CUDA build
+
+
+def test_ray_cluster_file_runs_the_ray_that_make_install_put_in_the_venv():
+    cluster = load(ROOT / "deploy/ray/cluster.yaml")
+    assert cluster["setup_commands"] == ["cd ~/trinity-dso && make install"]
+    commands = cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]
+    starts = [c for c in commands if re.search(r"\bray (start|stop)\b", c)]
+    assert len(starts) == 4 and all("~/trinity-dso/.venv/bin/ray " in c for c in starts)
 
 
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
