@@ -635,22 +635,22 @@ class Orchestrator(AnchorLifecycle):
         Batches already emitted and not handed out come first. ``call_id``: as for :meth:`pop_batch`."""
         return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
 
+    async def _committed(self, change: Callable[[], Any]) -> Any:
+        """``change()`` under the lock, returned once a commit covers it."""
+        async with self._lock:
+            out = change()
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
+        return out
+
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector); returns
         once the plan is committed."""
-        async with self._lock:
-            plan = self.core.plan_round()
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
-        return plan
+        return await self._committed(self.core.plan_round)
 
     async def select_tasks(self, count: int) -> list[str]:
         """``count`` tasks in the epoch's order (``OrchestratorCore.select_tasks``); returns once committed."""
-        async with self._lock:
-            tasks = self.core.select_tasks(count)
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
-        return tasks
+        return await self._committed(lambda: self.core.select_tasks(count))
 
     @ray.method(max_task_retries=RETRIES)
     async def next_tasks(self, count: int, call_id: str | None = None) -> list[str]:
@@ -822,10 +822,7 @@ class Orchestrator(AnchorLifecycle):
     @ray.method(max_task_retries=RETRIES)
     async def set_model_version(self, version: int) -> None:
         """The trainer's model version (after a weight sync); returns once it is committed."""
-        async with self._lock:
-            self.core.set_model_version(version)
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
+        await self._committed(lambda: self.core.set_model_version(version))
         self._anchor_in_background(self._anchor_auto_expire)
 
     @ray.method(max_task_retries=RETRIES)
