@@ -568,17 +568,18 @@ class Orchestrator(AnchorLifecycle):
         The hand-out is committed before the batch is returned: a batch is handed out once.
         ``call_id``: as for :meth:`submit_and_pop`, a retry of a committed call gets its batch again.
         """
-        return await self._hand_out_call(call_id, lambda: None)
+        return await self._hand_out_call(call_id)
 
-    async def _hand_out_call(self, call_id: str | None, make: Any) -> Batch | None:
+    async def _hand_out_call(self, call_id: str | None, make: Callable[[], None] | None = None) -> Batch | None:
         """Hand out the oldest ready batch, after ``make()`` (which may emit one) when none is
-        ready; with ``call_id``, answer a retry of a committed call with the batch it handed out."""
+        ready and ``make`` is given; with ``call_id``, answer a retry of a committed call with
+        the batch it handed out."""
         async with self._lock:
             again = self._answered(call_id)
             if again:
                 batch = again[0]
             else:
-                if not self.ready:
+                if not self.ready and make is not None:
                     make()
                 batch = self._hand_out()
                 if batch is not None:
