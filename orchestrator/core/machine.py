@@ -47,6 +47,7 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -72,6 +73,7 @@ log = logging.getLogger("trinity_dso.core")
 
 _LABELS = {int(r): r.label for r in GroupReason}
 _SIZE = operator.attrgetter("size")
+_REASON = operator.attrgetter("reason")
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
@@ -362,8 +364,7 @@ class OrchestratorCore:
         """
         self._drop_stale()
         if not self.carry:
-            for g in self.candidates:
-                self._drop(g, g.reason)
+            self._drop_all(self.candidates)
             self.candidates = []
             return None
         return self.close_at_cap()
@@ -722,8 +723,9 @@ class OrchestratorCore:
         else:
             rnd = self.rounds_submitted - 1
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
-        back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
-        self.in_flight = [t for t in self.in_flight if t not in back]
+        if self.in_flight:
+            back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+            self.in_flight = [t for t in self.in_flight if t not in back]
         for g in groups:
             if isinstance(g, Group):
                 g.purpose, g.round = purpose, rnd
@@ -809,8 +811,7 @@ class OrchestratorCore:
         self.candidates.extend(dropped)
         overflow = len(self.candidates) - self.policy.target_groups
         if overflow > 0:
-            for g in self.candidates[:overflow]:
-                self._drop(g, g.reason)
+            self._drop_all(self.candidates[:overflow])
             self.candidates = self.candidates[overflow:]
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
@@ -829,6 +830,15 @@ class OrchestratorCore:
         self.counters["groups_dropped"] += 1
         self.counters["rollouts_wasted"] += group.size
         self.dropped_by_reason[reason] += 1
+
+    def _drop_all(self, groups: list[Group]) -> None:
+        """:meth:`_drop` of each group under its own ``reason``, counted in one pass."""
+        if not groups:
+            return
+        self.counters["groups_dropped"] += len(groups)
+        self.counters["rollouts_wasted"] += sum(map(_SIZE, groups))
+        for reason, count in collections.Counter(map(_REASON, groups)).items():
+            self.dropped_by_reason[reason] += count
 
     # ------------------------------------------------------------------ batches
     def _drop_stale(self) -> None:
@@ -878,9 +888,8 @@ class OrchestratorCore:
             for r in g.rollouts:
                 r.info["dso_padding"] = True
                 r.info["dso_loss_weight"] = 0.0
-        for g in self.candidates:
-            if not any(g is p for p in padding):
-                self._drop(g, g.reason)
+        padded = set(map(id, padding))
+        self._drop_all([g for g in self.candidates if id(g) not in padded])
         if groups:  # trained on next: their pass rates move, so their evidence counts less
             trained = np.array([self._index[g.task_id] for g in groups], dtype=np.int64)
             self.passrate.discount(trained, self.policy.passrate_trained_discount)

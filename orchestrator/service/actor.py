@@ -24,6 +24,7 @@ import asyncio
 import functools
 import gc
 import logging
+import operator
 import time
 import uuid
 from collections import defaultdict
@@ -58,6 +59,7 @@ log = logging.getLogger("trinity_dso.actor")
 RETRIES = 3
 """Retries of an idempotent method (answered again, or recognised as a retry) when the actor died
 under it (``max_task_retries``); other methods fail with ``RayActorError`` for the caller to decide."""
+_KEY, _REASON = operator.attrgetter("key"), operator.attrgetter("reason")
 
 ANCHOR_GROUP = "anchor_index"
 """Ray concurrency group of the anchor-index lifecycle calls (one thread, off the event loop)."""
@@ -506,6 +508,8 @@ class Orchestrator(AnchorLifecycle):
     @staticmethod
     def _call_keys(keys: list[str | None]) -> list[str | None]:
         """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
+        if len(set(keys)) == len(keys):  # no task twice (the usual case): the keys as they are
+            return list(keys)
         occurrences: dict[str, int] = defaultdict(int)
         out = []
         for k in keys:
@@ -524,8 +528,9 @@ class Orchestrator(AnchorLifecycle):
         uncommitted = 0
         for i in range(count):
             part_groups = submit(i)
-            for g in part_groups:
-                self._seen[g.key] = self._new_seen[g.key] = g.reason
+            labels = dict(zip(map(_KEY, part_groups), map(_REASON, part_groups)))
+            self._seen.update(labels)
+            self._new_seen.update(labels)
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
