@@ -364,7 +364,7 @@ class OrchestratorCore:
         """
         self._drop_stale()
         if not self.carry:
-            self._drop_all(self.candidates)
+            self._drop(self.candidates)
             self.candidates = []
             return None
         return self.close_at_cap()
@@ -739,7 +739,7 @@ class OrchestratorCore:
             c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
             self.window["rollouts"] += g.size
             self.classified_by_reason[g.reason] += 1
-            self._drop(g, g.reason)
+            self._drop([g])
         accepted = [g for g in groups if id(g) not in bad] if bad else groups
         cols = None
         if checked is not None:  # the accepted rows of its arrays (all of them without errors)
@@ -811,7 +811,7 @@ class OrchestratorCore:
         self.candidates.extend(dropped)
         overflow = len(self.candidates) - self.policy.target_groups
         if overflow > 0:
-            self._drop_all(self.candidates[:overflow])
+            self._drop(self.candidates[:overflow])
             self.candidates = self.candidates[overflow:]
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
@@ -826,13 +826,8 @@ class OrchestratorCore:
         h.consec_all_correct[t] = 0
         h.consec_all_wrong[t] = 0
 
-    def _drop(self, group: Group, reason: str) -> None:
-        self.counters["groups_dropped"] += 1
-        self.counters["rollouts_wasted"] += group.size
-        self.dropped_by_reason[reason] += 1
-
-    def _drop_all(self, groups: list[Group]) -> None:
-        """:meth:`_drop` of each group under its own ``reason``, counted in one pass."""
+    def _drop(self, groups: list[Group]) -> None:
+        """Count groups dropped, each under its own ``reason``, in one pass."""
         if not groups:
             return
         self.counters["groups_dropped"] += len(groups)
@@ -856,7 +851,7 @@ class OrchestratorCore:
                 fresh.append(g)
                 continue
             g.reason = GroupReason.STALE.label
-            self._drop(g, g.reason)
+            self._drop([g])
             if p.requeue_stale:
                 self.requeue.append(g.task_id)
         self.carry = fresh
@@ -889,7 +884,7 @@ class OrchestratorCore:
                 r.info["dso_padding"] = True
                 r.info["dso_loss_weight"] = 0.0
         padded = set(map(id, padding))
-        self._drop_all([g for g in self.candidates if id(g) not in padded])
+        self._drop([g for g in self.candidates if id(g) not in padded])
         if groups:  # trained on next: their pass rates move, so their evidence counts less
             trained = np.array([self._index[g.task_id] for g in groups], dtype=np.int64)
             self.passrate.discount(trained, self.policy.passrate_trained_discount)
