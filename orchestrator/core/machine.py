@@ -839,15 +839,17 @@ class OrchestratorCore:
     def _drop_stale(self) -> None:
         """Apply ``max_staleness`` to the carry pool, per member (see the module docstring)."""
         p = self.policy
-        if p.max_staleness is None:
+        if p.max_staleness is None or not self.carry:
+            return
+        # every carried group at once (their columns have group_size members: set_policy refuses
+        # to change it while groups are held); masked members no longer count
+        stale = np.stack([g.valid for g in self.carry]) & (self.model_version - np.stack([g.versions for g in self.carry]) > p.max_staleness)
+        hit = stale.any(axis=1)
+        if not hit.any():
             return
         fresh = []
-        for g in self.carry:
-            stale = g.valid & (self.model_version - g.versions > p.max_staleness)  # masked members no longer count
-            if not stale.any():
-                fresh.append(g)
-                continue
-            if p.stale_members == "mask" and self._mask_stale(g, stale):
+        for g, rows, h in zip(self.carry, stale, hit.tolist()):
+            if not h or (p.stale_members == "mask" and self._mask_stale(g, rows)):
                 fresh.append(g)
                 continue
             g.reason = GroupReason.STALE.label
