@@ -240,23 +240,30 @@ class PassRateEstimate:
         self.first_rate[f] = c[g] / m[g]
         self.first_informative[f] = np.asarray(informative, dtype=np.float64)[g]
         self.first_version[f] = v[g]
-        new_version = self.version.copy()
-        np.maximum.at(new_version, t, v)
-        keep = np.where(self.version >= 0, self._decay(new_version - self.version), 0.0)
-        w = self._decay(new_version[t] - v)
+        # only the tasks of these groups change (the others' decay factor would be 0.5 ** 0 = 1):
+        # O(G) per call, whatever the number of tasks
+        at = np.searchsorted(uniq, t)  # each group's row among the tasks it touches
+        old_version = self.version[uniq]
+        new_version = old_version.copy()
+        np.maximum.at(new_version, at, v)
+        keep = np.where(old_version >= 0, self._decay(new_version - old_version), 0.0)
+        w = self._decay(new_version[at] - v)
         for name, x in (("successes", c), ("failures", m - c)):
             arr = getattr(self, name)
-            arr *= keep
-            np.add.at(arr, t, w * x)
-        self.version = new_version
+            rows = arr[uniq] * keep
+            np.add.at(rows, at, w * x)
+            arr[uniq] = rows
+        self.version[uniq] = new_version
 
     def discount(self, task_idx: np.ndarray, factor: float) -> None:
         """Multiply the evidence of tasks ``task_idx`` ((G,) int64; a repeat discounts again) by
         ``factor`` in [0, 1], e.g. when their groups are trained on (their pass rate moves)."""
-        w = np.ones(self.num_tasks, dtype=np.float64)
-        np.multiply.at(w, np.asarray(task_idx, dtype=np.int64), factor)
+        t = np.asarray(task_idx, dtype=np.int64)
+        uniq = np.unique(t)
+        w = np.ones(uniq.size, dtype=np.float64)
+        np.multiply.at(w, np.searchsorted(uniq, t), factor)
         for name in self.FIELDS:
-            getattr(self, name)[:] *= w
+            getattr(self, name)[uniq] *= w
 
     def counts(self, model_version: int) -> dict[str, np.ndarray]:
         """Every field, (T,) float64, decayed to ``model_version``; 0 for tasks never seen."""

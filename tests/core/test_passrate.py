@@ -132,6 +132,35 @@ def test_discount_scales_only_the_given_tasks():
     assert c["successes"].tolist() == [0.5, 2.0]
 
 
+def _whole_array_observe(s, f, version, t, c, m, v, half_life):
+    """The update over every task at once (decay factor 0.5 ** 0 = 1 for a task of no group):
+    the reference that ``observe``, which touches only the groups' tasks, must equal bit for bit."""
+    new_version = version.copy()
+    np.maximum.at(new_version, t, v)
+    decay = (lambda age: 0.5 ** (np.maximum(age, 0) / half_life)) if half_life else (lambda age: np.ones(np.shape(age)))
+    keep = np.where(version >= 0, decay(new_version - version), 0.0)
+    w = decay(new_version[t] - v)
+    s, f = s * keep, f * keep
+    np.add.at(s, t, w * c)
+    np.add.at(f, t, w * (m - c))
+    return s, f, new_version
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([None, 2.0, 16.0]), st.lists(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 4), st.integers(0, 6)),
+                                                             min_size=1, max_size=12), min_size=1, max_size=8))
+def test_observe_equals_the_update_over_every_task(half_life, calls):
+    est = PassRateEstimate(10, half_life=half_life)
+    s, f, version = np.zeros(10), np.zeros(10), np.full(10, -1)
+    for groups in calls:
+        t, correct, v = (np.array(col, dtype=np.int64) for col in zip(*groups))
+        m = np.full(t.size, 4)
+        est.observe(t, correct, m, correct % 2 == 1, v)
+        s, f, version = _whole_array_observe(s, f, version, t, correct.astype(float), m.astype(float), v, half_life)
+        assert est.successes.tobytes() == s.tobytes() and est.failures.tobytes() == f.tobytes()
+        assert est.version.tolist() == version.tolist()
+
+
 def test_unseen_task_gets_the_prior_fitted_to_first_groups():
     # four tasks seen once: pass rates 0, 1, 0.5, 0.5; first groups informative: no, no, yes, yes
     est = PassRateEstimate(5, half_life=None)
