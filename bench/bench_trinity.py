@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import gc
 import math
 import os
@@ -81,10 +80,6 @@ def best_of(fn, repeats: int):
     return best, out
 
 
-def max_diff(a: list, b: list) -> float:
-    return max(float((x.advantages - y.advantages).abs().max()) for x, y in zip(a, b))
-
-
 def table(title: str, rows: list[tuple[str, float, float | None]]) -> None:
     ref = rows[0][1]
     print(f"\n{title}")
@@ -94,13 +89,31 @@ def table(title: str, rows: list[tuple[str, float, float | None]]) -> None:
         print(f"  {name:<46}{t:>9.3f}{ref / t:>9.2f}x{d:>11}")
 
 
+def interleaved(variants: list[tuple[str, object]], exps: list, repeats: int, before=None) -> tuple[list[float], list[list]]:
+    """Best seconds of each variant over ``repeats`` rounds of one call each (interleaved, so that
+    a change of the machine's load between variants does not bias the ratios), and each
+    variant's token advantages. Before each timed call (untimed): ``before()``, every
+    experience's ``advantages`` and ``returns`` reset to None, as they arrive in Trinity's
+    pipeline, and a full garbage collection, so that no variant pays for freeing the previous
+    variant's tensors or for a collection that the previous variant made due."""
+    best = [math.inf] * len(variants)
+    outs: list = [None] * len(variants)
+    for _ in range(repeats):
+        for v, (_, fn) in enumerate(variants):
+            if before is not None:
+                before()
+            for e in exps:
+                e.advantages = e.returns = None
+            gc.collect()
+            t0 = time.perf_counter()
+            out, _ = fn()
+            best[v] = min(best[v], time.perf_counter() - t0)
+            outs[v] = [e.advantages.clone() for e in out]
+    return best, outs
+
+
 def bench_gigpo(args) -> None:
-    """Trinity's ``gigpo``, ``dso_gigpo`` and ``dso_gigpo_index`` interleaved (one call of each
-    per round, best of ``--repeats`` rounds), so that a change of the machine's load between
-    variants does not bias the ratios. Before each timed call (untimed) every experience's
-    ``advantages`` and ``returns`` are reset to None, as they arrive in Trinity's pipeline, and
-    a full garbage collection runs: no variant pays for freeing the previous variant's tensors
-    or for a collection that the previous variant made due."""
+    """Trinity's ``gigpo``, ``dso_gigpo`` and ``dso_gigpo_index`` (:func:`interleaved`)."""
     exps = agent_batch(args.tasks, args.runs, args.steps)
     theirs = GiGPOAdvantageFn(gamma=0.95, fnorm="std")
     ours = DsoGiGPOAdvantageFn()
@@ -114,20 +127,14 @@ def bench_gigpo(args) -> None:
         index.index()
         variants.append(("dso_gigpo_index (Redis)", lambda: index.process_sync(exps)))
     batch = iter(range(1_000_000))
-    best = [math.inf] * len(variants)
-    outs: list = [None] * len(variants)
+
+    def fresh_step() -> None:  # a fresh explore step per call (the index refuses conflicting re-inserts)
+        b = next(batch)
+        for e in exps:
+            e.eid.batch = b
+
     try:
-        for _ in range(args.repeats):
-            for v, (_, fn) in enumerate(variants):
-                b = next(batch)  # a fresh explore step per call (the index refuses conflicting re-inserts)
-                for e in exps:
-                    e.eid.batch = b
-                    e.advantages = e.returns = None
-                gc.collect()  # each variant starts with no collection due (and none of the last one's garbage)
-                t0 = time.perf_counter()
-                out, _ = fn()
-                best[v] = min(best[v], time.perf_counter() - t0)
-                outs[v] = [e.advantages.clone() for e in out]
+        best, outs = interleaved(variants, exps, args.repeats, before=fresh_step)
     finally:
         if index is not None:
             index.close_index()
@@ -141,12 +148,14 @@ def bench_gigpo(args) -> None:
 
 
 def bench_grpo(args):
+    """Trinity's ``grpo`` and ``dso_grpo`` (:func:`interleaved`); the check is on each
+    experience's advantages (``grpo`` and ``dso_grpo`` both return the experiences grouped)."""
     exps = dapo_batch(args.groups, args.n)
     theirs, ours = GRPOGroupedAdvantage(), DsoGRPOAdvantageFn()
-    t_ref, (ref_out, _) = best_of(lambda: theirs.process(exps), args.repeats)
-    ref_out = copy.deepcopy(ref_out)
-    t_ours, (out, _) = best_of(lambda: ours.process(exps), args.repeats)
-    table(f"GRPO: {args.groups} groups x {args.n}", [("Trinity grpo", t_ref, None), ("dso_grpo", t_ours, max_diff(out, ref_out))])
+    (t_ref, t_ours), (ref_adv, our_adv) = interleaved(
+        [("Trinity grpo", lambda: theirs.process(exps)), ("dso_grpo", lambda: ours.process(exps))], exps, args.repeats)
+    diff = max(float((x - y).abs().max()) for x, y in zip(our_adv, ref_adv))
+    table(f"GRPO: {args.groups} groups x {args.n} (interleaved rounds)", [("Trinity grpo", t_ref, None), ("dso_grpo", t_ours, diff)])
 
 
 def bench_dapo(args, exps) -> None:
