@@ -216,6 +216,16 @@ def test_stale_masking_that_leaves_no_contrast_drops_the_group():
     assert batch is None and g.reason == "stale"
 
 
+def test_only_the_stale_group_leaves_a_mixed_carry_pool_and_the_others_keep_their_order():
+    c = core(group_size=3, target_groups=2, max_staleness=1)
+    c.set_model_version(3)
+    groups = [group(t, [1.0, -1.0, 1.0], versions=v) for t, v in (("t0", [3, 3, 3]), ("t1", [3, 1, 3]), ("t2", [2, 3, 3]))]
+    c.submit(groups)
+    batch = c.try_emit()
+    assert [g.task_id for g in batch.groups] == ["t0", "t2"] and groups[1].reason == "stale"
+    assert c.stats().dropped_by_reason["stale"] == 1
+
+
 def test_requeued_stale_task_comes_first():
     c, g, _ = _carried([1, 1, 1], 3, max_staleness=1, requeue_stale=True)
     assert c.plan_round().task_ids[0] == "t0"
