@@ -25,13 +25,15 @@ def describe_errors(errors: Iterable[dict], *, root: str = "", with_input: bool 
 
     Args:
         errors: pydantic error dicts (``loc``, ``msg``, optional ``input``).
-        root: the path shown for an error at the top level (empty ``loc``).
+        root: the path shown for an error at the top level (empty ``loc``; none when empty).
         with_input: quote the offending value (truncated by :func:`short_repr`).
     """
     parts = []
     for e in errors:
-        part = f"{field_path(e.get('loc', ())) or root}: {e.get('msg', '')}"
-        if with_input and "input" in e:
+        path = field_path(e.get("loc", ())) or root
+        msg = e.get("msg", "").removeprefix("Value error, ")  # our validators' messages name their fields
+        part = f"{path}: {msg}" if path else msg
+        if with_input and "input" in e and e.get("loc"):  # not the whole document of a top-level error
             part += f" (got {short_repr(e['input'])})"
         parts.append(part)
     return "; ".join(parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, OrchestratorUnavailable
@@ -82,6 +82,25 @@ class ServeConfig(BaseModel):
     orchestrator: OrchestratorConfig | None = Field(default_factory=OrchestratorConfig)
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     driver: DriverConfig = Field(default_factory=DriverConfig)
+
+    @model_validator(mode="after")
+    def _one_actor(self) -> ServeConfig:
+        """The REST service serves the ``orchestrator`` section's actor: ``service.actor_name`` and
+        ``service.namespace`` follow ``orchestrator.name`` and ``orchestrator.namespace``; given
+        both ways with different values, the config is refused (naming both fields)."""
+        if self.orchestrator is None:
+            return self
+        follow = {}
+        for field, source in (("actor_name", "name"), ("namespace", "namespace")):
+            mine, theirs = getattr(self.service, field), getattr(self.orchestrator, source)
+            if field in self.service.model_fields_set and mine != theirs:
+                raise ValueError(
+                    f"service.{field} {mine!r} differs from orchestrator.{source} {theirs!r}: the REST service serves "
+                    f"the orchestrator actor; set orchestrator.{source} only (service.{field} follows it)"
+                )
+            follow[field] = theirs
+        self.service = self.service.model_copy(update=follow)
+        return self
 
 
 def _import(path: str) -> Any:

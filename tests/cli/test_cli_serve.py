@@ -48,3 +48,14 @@ def test_an_invalid_policy_in_the_config_is_refused_in_one_line_before_ray_start
     assert done.returncode == 2, out
     assert "orchestrator.policy.max_replenish_rounds: Input should be greater than or equal to 0 (got -1)" in out
     assert "Traceback" not in out and "Ray" not in out
+
+
+def test_two_actor_names_in_the_config_are_refused_in_one_line_before_ray_starts(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("orchestrator: {name: run-a}\nservice: {actor_name: other}\n")
+    done = subprocess.run([str(BIN), "serve", "--config", str(config)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "200"}, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "service.actor_name 'other' differs from orchestrator.name 'run-a'" in out
+    assert "Traceback" not in out and "Ray" not in out
