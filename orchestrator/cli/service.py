@@ -206,7 +206,8 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
         except ConnectionError as err:
             raise typer.BadParameter(
                 f"ray.address: no Ray cluster answered at {cfg.ray.address!r} ({str(err).splitlines()[0]}); start one "
-                "first (ray start --head), or set ray.address: null to start a local Ray"
+                "first (ray start --head), or set ray.address: null to start a local Ray; if `ray status` says "
+                "InvalidAuthToken, the cluster uses token authentication: export RAY_AUTH_MODE=token"
             ) from None
     s = cfg.service
     if cfg.orchestrator is not None and cfg.orchestrator.create:  # create: false - a Trinity run creates it
