@@ -39,23 +39,23 @@ def test_ctrl_c_during_start_up_stops_the_service_once_it_is_up(tmp_path):
     assert out.index("trinity-dso REST service at") < out.index("stopping the REST service")
 
 
-def test_an_invalid_policy_in_the_config_is_refused_in_one_line_before_ray_starts(tmp_path):
+def refused_before_ray(tmp_path, config_text: str) -> str:
+    """Run ``serve`` on a config that must be refused: exit code 2, no traceback, Ray never named; its output."""
     config = tmp_path / "serve.yaml"
-    config.write_text("orchestrator:\n  policy: {max_replenish_rounds: -1}\n")
+    config.write_text(config_text)
     done = subprocess.run([str(BIN), "serve", "--config", str(config)], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "200"}, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 2, out
-    assert "orchestrator.policy.max_replenish_rounds: Input should be greater than or equal to 0 (got -1)" in out
     assert "Traceback" not in out and "Ray" not in out
+    return out
+
+
+def test_an_invalid_policy_in_the_config_is_refused_in_one_line_before_ray_starts(tmp_path):
+    out = refused_before_ray(tmp_path, "orchestrator:\n  policy: {max_replenish_rounds: -1}\n")
+    assert "orchestrator.policy.max_replenish_rounds: Input should be greater than or equal to 0 (got -1)" in out
 
 
 def test_two_actor_names_in_the_config_are_refused_in_one_line_before_ray_starts(tmp_path):
-    config = tmp_path / "serve.yaml"
-    config.write_text("orchestrator: {name: run-a}\nservice: {actor_name: other}\n")
-    done = subprocess.run([str(BIN), "serve", "--config", str(config)], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "200"}, timeout=120)
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out
+    out = refused_before_ray(tmp_path, "orchestrator: {name: run-a}\nservice: {actor_name: other}\n")
     assert "service.actor_name 'other' differs from orchestrator.name 'run-a'" in out
-    assert "Traceback" not in out and "Ray" not in out
