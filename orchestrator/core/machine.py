@@ -723,9 +723,8 @@ class OrchestratorCore:
         else:
             rnd = self.rounds_submitted - 1
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
-        if self.in_flight:
-            back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
-            self.in_flight = [t for t in self.in_flight if t not in back]
+        back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+        self.in_flight = [t for t in self.in_flight if t not in back]
         for g in groups:
             if isinstance(g, Group):
                 g.purpose, g.round = purpose, rnd
