@@ -113,12 +113,13 @@ class TaskHistory:
         return out
 
     def state_dict(self) -> dict:
-        """(T,) array copies by field (the core's :meth:`state_dict` makes them JSON lists)."""
-        return {name: getattr(self, name).copy() for name in _FIELDS}
+        """By field, the (T,) arrays themselves, not copies (as torch's ``state_dict``): copy one to keep it past the next change (the core's :meth:`state_dict` makes them JSON lists)."""
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from copies of ``state``'s arrays; raises ValueError when one does not match the task count."""
         for name, dtype in _FIELDS.items():
-            arr = np.asarray(state[name], dtype=dtype)
+            arr = np.array(state[name], dtype=dtype)
             if arr.shape != (self.num_tasks,):
                 raise ValueError(f"history.{name}: expected {self.num_tasks} tasks, got shape {arr.shape}")
             setattr(self, name, arr)

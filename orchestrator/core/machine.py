@@ -1030,7 +1030,11 @@ class OrchestratorCore:
         return json_safe(self.state(payloads))
 
     def state(self, payloads: bool = False) -> dict:
-        """Everything needed to resume, its per-task columns as (T,) numpy arrays (copies).
+        """Everything needed to resume, its per-task columns as (T,) numpy arrays.
+
+        The columns are the core's own arrays and ``task_ids`` its own list (never changed after
+        construction), not copies: the state is a snapshot only until the next change (the
+        state store copies what a commit writes at once). Every other entry is a new object.
 
         Args:
             payloads: True puts the held groups themselves in ``carry`` / ``candidates``; False
@@ -1042,7 +1046,7 @@ class OrchestratorCore:
             "version": 2,
             "policy": self.policy.model_dump(mode="json"),
             "policy_revision": self.policy_revision,
-            "task_ids": list(self.task_ids),
+            "task_ids": self.task_ids,
             "seed": self.seed,
             "history": self.history.state_dict(),
             "model_version": self.model_version,

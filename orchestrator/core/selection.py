@@ -246,10 +246,11 @@ class InformativeSelection(TaskSelection):
         return self._take(order[: self.left(min(count, limit), ctx)], n_due)
 
     def state_dict(self) -> dict:
-        return {"picks": self.picks, "draws": self.draws, "revisits": self.revisits, "last_pick": self.last_pick.copy()}
+        """The counters, and ``last_pick`` itself, not a copy (copy it to keep it past the next change)."""
+        return {"picks": self.picks, "draws": self.draws, "revisits": self.revisits, "last_pick": self.last_pick}
 
     def load_state_dict(self, state: dict) -> None:
-        last = np.asarray(state["last_pick"], dtype=np.int64)
+        last = np.array(state["last_pick"], dtype=np.int64)
         if last.shape != (self.num_tasks,):
             raise ValueError(f"selection.last_pick: expected {self.num_tasks} tasks, got shape {last.shape}")
         self.picks, self.draws, self.revisits = int(state["picks"]), int(state["draws"]), int(state["revisits"])

@@ -124,11 +124,25 @@ class Saved:
 
 
 @dataclass
+class ColumnWrites:
+    """What one commit writes of the per-task columns (copies, taken by :meth:`StateStore.stage`).
+
+    Attributes:
+        whole: columns written whole, by dotted path.
+        rows: for the others, the rows that changed since the last commit and their values.
+    """
+
+    whole: dict[str, np.ndarray] = field(default_factory=dict)
+    rows: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass
 class Change:
     """One change to commit (see :meth:`StateStore.commit`).
 
     Attributes:
-        state: the whole new small state (replaces the saved one).
+        state: the whole new small state (replaces the saved one), without its per-task columns.
+        columns: what changed in the per-task columns (:meth:`StateStore.stage`).
         seen: new group keys and their filter labels.
         hold: groups that became held (payload written once).
         release: keys of groups that left the held set (payload cleared).
@@ -140,6 +154,7 @@ class Change:
     """
 
     state: dict
+    columns: ColumnWrites
     seen: dict[str, str] = field(default_factory=dict)
     hold: list[Group] = field(default_factory=list)
     release: list[str] = field(default_factory=list)
@@ -186,6 +201,7 @@ class StateStore:
         self._chunk_of: dict[str, int] = {}  # held group key -> the dso_log row holding its payload
         self._live: dict[int, int] = {}  # dso_log row -> its groups not yet released
         self._legacy: set[str] = set()  # held group keys whose payload is in dso_groups (older files)
+        self._given: dict[str, Any] = {}  # the small state of the last commit, as given
 
     def __getstate__(self) -> dict:
         raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
@@ -200,6 +216,7 @@ class StateStore:
         parts = self._db.execute("SELECT name, value FROM dso_parts").fetchall()
         state.update((name, pickle.loads(value)) for name, value in parts)
         self._parts = {name: pickle.loads(value) for name, value in parts}  # copies: the caller may keep the state's
+        self._given = {}
         columns = {name: np.frombuffer(base, dtype=dtype).copy()
                    for name, dtype, base in self._db.execute("SELECT name, dtype, base FROM dso_columns")}
         changed = dict.fromkeys(columns, 0)
@@ -245,20 +262,20 @@ class StateStore:
         seq = self.seq + 1
         handed = set(change.handed)
         dump = lambda x: pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)  # noqa: E731
-        small, columns = _split(change.state)
-        whole, rows = self._column_writes(columns)
-        parts = {k: dump(v) for k, v in small.items() if not _same(self._parts.get(k, _same), v)}
+        # a part given as the very object of the last commit is unchanged (the core's task ids)
+        changed = {k: v for k, v in change.state.items() if v is not self._given.get(k, _same)
+                   and not _same(self._parts.get(k, _same), v)}
+        parts = {k: dump(v) for k, v in changed.items()}
         freed = Counter(self._chunk_of[k] for k in change.release if k in self._chunk_of)
         cleared = [s for s, n in freed.items() if self._live[s] == n]
         legacy = [k for k in change.release if k in self._legacy]
         with db:
             db.execute("BEGIN IMMEDIATE")
-            for name in whole:
-                db.execute("INSERT OR REPLACE INTO dso_columns VALUES (?, ?, ?)",
-                           (name, columns[name].dtype.str, columns[name].tobytes()))
+            for name, col in change.columns.whole.items():
+                db.execute("INSERT OR REPLACE INTO dso_columns VALUES (?, ?, ?)", (name, col.dtype.str, col.tobytes()))
                 db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
             db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
-                           ((seq, name, idx.astype(np.int32).tobytes(), columns[name][idx].tobytes()) for name, idx in rows.items()))
+                           ((seq, name, idx.tobytes(), vals.tobytes()) for name, (idx, vals) in change.columns.rows.items()))
             if change.seen or change.hold:
                 db.execute("INSERT INTO dso_log VALUES (?, ?, ?)", (
                     seq, dump((list(change.seen), list(change.seen.values()))) if change.seen else None,
@@ -282,11 +299,7 @@ class StateStore:
             )
         self.seq = seq
         self._parts.update((k, pickle.loads(v)) for k, v in parts.items())  # copies, not the caller's objects
-        self._columns.update(columns)
-        for name in whole:
-            self._changed[name] = 0
-        for name, idx in rows.items():
-            self._changed[name] += idx.size
+        self._given = change.state
         for k in change.release:
             self._chunk_of.pop(k, None)
         self._legacy.difference_update(legacy)
@@ -302,23 +315,38 @@ class StateStore:
             self.sink.wal_checkpoint()
         return self.seq
 
-    def _column_writes(self, columns: dict[str, np.ndarray]) -> tuple[list[str], dict[str, np.ndarray]]:
-        """Which columns to write whole (new, reshaped, or their changes would pass
-        :data:`CHANGES_PER_WRITE` times their length) and, for the others, the rows that changed
-        since the last commit (compared bit for bit)."""
-        whole, rows = [], {}
+    def stage(self, state: dict) -> tuple[dict, ColumnWrites]:
+        """Split a new state into its small part and the column writes of its commit; call it on
+        the thread that changes the state, before it changes again (the columns may be the
+        state's own arrays: only what is written is copied).
+
+        A column is written whole when it is new or reshaped, or when its changes would pass
+        :data:`CHANGES_PER_WRITE` times its length; else as the rows that differ (bit for bit)
+        from the last staged state. The staged columns count as committed from here: the commit
+        must follow, and a failed commit is followed by :meth:`load` (the actor's rollback),
+        which reads them back from the file.
+        """
+        small, columns = _split(state)
+        writes = ColumnWrites()
         for name, col in columns.items():
             old = self._columns.get(name)
             if old is None or old.shape != col.shape or old.dtype != col.dtype:
-                whole.append(name)
-                continue
-            bits = f"u{col.dtype.itemsize}"
-            idx = np.flatnonzero(old.view(bits) != col.view(bits))
-            if self._changed[name] + idx.size > CHANGES_PER_WRITE * col.size:
-                whole.append(name)
-            elif idx.size:
-                rows[name] = idx
-        return whole, rows
+                idx = None
+            else:
+                bits = f"u{col.dtype.itemsize}"
+                idx = np.flatnonzero(old.view(bits) != col.view(bits))
+                if not idx.size:
+                    continue
+                if self._changed[name] + idx.size > CHANGES_PER_WRITE * col.size:
+                    idx = None
+            if idx is None:
+                self._columns[name] = writes.whole[name] = col.copy()
+                self._changed[name] = 0
+            else:
+                writes.rows[name] = (idx.astype(np.int32), vals := col[idx])
+                old[idx] = vals
+                self._changed[name] += idx.size
+        return small, writes
 
     def close(self) -> None:
         if self.sink is None:

@@ -17,6 +17,7 @@ from orchestrator.core.types import Experience, ExperienceId, Group, unpack_grou
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import Orchestrator
 from orchestrator.service.sink import SQLiteSink
+from orchestrator.service.store import Change, StateStore
 
 TASKS = [f"t{i}" for i in range(8)]
 POLICY = {"target_groups": 2, "group_size": 2}
@@ -177,6 +178,21 @@ def test_task_columns_are_written_by_changed_rows_and_restored_exactly(tmp_path)
     restored = orch(tmp_path).core.state_dict()
     assert restored["history"] == o.core.state_dict()["history"]
     assert restored["passrate"] == o.core.state_dict()["passrate"]
+
+
+def test_staged_columns_are_copies_taken_when_staged(tmp_path):
+    # the core hands the store its own arrays: what a commit writes is what they held when staged
+    store = StateStore(tmp_path / "s.db")
+    live = {"history": {"groups": np.array([1, 2, 3]), "mean": np.array([0.5, 0.0, 0.0])}}
+    store.commit(Change(*store.stage(live)))  # both columns written whole
+    live["history"]["groups"][2] = 7
+    small, columns = store.stage(live)
+    assert list(columns.rows) == ["history.groups"] and columns.whole == {}
+    live["history"]["groups"][:] = 0  # changed again before the commit is written
+    live["history"]["mean"][:] = 9.0
+    store.commit(Change(small, columns))
+    saved = StateStore(tmp_path / "s.db").load().state["history"]
+    assert saved["groups"].tolist() == [1, 2, 7] and saved["mean"].tolist() == [0.5, 0.0, 0.0]
 
 
 def test_column_changes_of_older_files_with_int64_rows_are_replayed(tmp_path):
