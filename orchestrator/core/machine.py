@@ -237,6 +237,8 @@ class OrchestratorCore:
         self.requeue: list[str] = []  # tasks of stale groups to roll again (requeue_stale)
         self.window = self._new_window()  # per-batch sums since the last release
         self.last_batch: dict = {}  # per-batch reward metrics of the last released batch
+        # task rows the per-task columns were written at since touched_rows(); None: any row
+        self._touched: list[np.ndarray] | None = None
 
     @staticmethod
     def _new_window() -> dict:
@@ -334,6 +336,7 @@ class OrchestratorCore:
             return []
         ctx = ctx if ctx is not None else self._context()
         idx = self.selection.select(count, ctx) if need is None else self.selection.fill(need, count, ctx)
+        self._touch(idx)  # the selection's last_pick
         return [self.task_ids[i] for i in idx]
 
     # ------------------------------------------------------------------ end of data
@@ -784,6 +787,7 @@ class OrchestratorCore:
         self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, int(all_versions.max()))
         self._apply_skip_rules(np.unique(idx))
+        self._touch(idx)  # the history (skip rules included) and the pass-rate evidence
 
         c, w = self.counters, self.window
         size = sum(map(_SIZE, groups))
@@ -889,6 +893,7 @@ class OrchestratorCore:
         if groups:  # trained on next: their pass rates move, so their evidence counts less
             trained = np.array([self._index[g.task_id] for g in groups], dtype=np.int64)
             self.passrate.discount(trained, self.policy.passrate_trained_discount)
+            self._touch(trained)
         c = self.counters
         c["groups_emitted"] += len(groups)
         c["groups_padded"] += len(padding)
@@ -1029,6 +1034,24 @@ class OrchestratorCore:
         """Everything needed to resume: JSON-serialisable (:meth:`state` with its arrays as lists)."""
         return json_safe(self.state(payloads))
 
+    def _touch(self, rows: np.ndarray) -> None:
+        """Record task rows whose per-task columns (history, pass-rate evidence, selection) this
+        change wrote: every write to those columns goes with a call of this (see
+        :meth:`touched_rows`)."""
+        if self._touched is not None:
+            self._touched.append(rows)
+
+    def touched_rows(self) -> np.ndarray | None:
+        """The task rows whose per-task columns may have changed since the last call (sorted,
+        unique int64), or None when any may have (a new or restored core); resets the record.
+
+        The state store compares only these rows with its last commit, so that a commit costs
+        in proportion to the tasks a change touched, not to the task set."""
+        touched, self._touched = self._touched, []
+        if touched is None:
+            return None
+        return np.unique(np.concatenate(touched)).astype(np.int64) if touched else np.empty(0, dtype=np.int64)
+
     def state(self, payloads: bool = False) -> dict:
         """Everything needed to resume, its per-task columns as (T,) numpy arrays.
 
@@ -1083,6 +1106,7 @@ class OrchestratorCore:
         """
         if state["task_ids"] != self.task_ids:
             raise ValueError("task_ids: the saved state belongs to a different task set")
+        self._touched = None  # every row may differ from what a store last saw
         self.policy = ResamplingPolicy.parse(state["policy"])
         self.policy_revision = state["policy_revision"]
         self.seed = state["seed"]

@@ -245,7 +245,7 @@ class Orchestrator(AnchorLifecycle):
             state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
-        small, columns = self.store.stage(state)  # now: the columns are the core's own arrays
+        small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
         change = Change(
             small, columns, seen=seen, hold=[g for k, g in held.items() if k not in self._stored],
             release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,

@@ -315,14 +315,16 @@ class StateStore:
             self.sink.wal_checkpoint()
         return self.seq
 
-    def stage(self, state: dict) -> tuple[dict, ColumnWrites]:
+    def stage(self, state: dict, rows: np.ndarray | None = None) -> tuple[dict, ColumnWrites]:
         """Split a new state into its small part and the column writes of its commit; call it on
         the thread that changes the state, before it changes again (the columns may be the
         state's own arrays: only what is written is copied).
 
         A column is written whole when it is new or reshaped, or when its changes would pass
         :data:`CHANGES_PER_WRITE` times its length; else as the rows that differ (bit for bit)
-        from the last staged state. The staged columns count as committed from here: the commit
+        from the last staged state. ``rows``: the only rows that can differ (sorted task rows,
+        :meth:`OrchestratorCore.touched_rows`); None compares every row. The staged columns
+        count as committed from here: the commit
         must follow, and a failed commit is followed by :meth:`load` (the actor's rollback),
         which reads them back from the file.
         """
@@ -334,7 +336,10 @@ class StateStore:
                 idx = None
             else:
                 bits = f"u{col.dtype.itemsize}"
-                idx = np.flatnonzero(old.view(bits) != col.view(bits))
+                if rows is None:
+                    idx = np.flatnonzero(old.view(bits) != col.view(bits))
+                else:
+                    idx = rows[old.view(bits)[rows] != col.view(bits)[rows]]
                 if not idx.size:
                     continue
                 if self._changed[name] + idx.size > CHANGES_PER_WRITE * col.size:
