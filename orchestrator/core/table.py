@@ -68,20 +68,24 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         idx = np.fromiter(map(index.get, tasks, itertools.repeat(-1)), dtype=np.int64, count=num)
     except TypeError:
         idx = np.array([index.get(t, -1) if isinstance(t, str) else -1 for t in tasks], dtype=np.int64).reshape(num)
-    order = np.argsort(table.runs, axis=1, kind="stable")
-    runs = np.take_along_axis(table.runs, order, 1)
-    rewards = np.take_along_axis(table.rewards.astype(np.float64), order, 1)
-    versions = np.take_along_axis(table.versions.astype(np.int64), order, 1)
+    if (table.runs == np.arange(width)).all():  # the usual case: every row's runs are 0..n-1 in order
+        along = lambda a: a  # noqa: E731
+    else:  # members by run id
+        order = np.argsort(table.runs, axis=1, kind="stable")
+        along = lambda a: np.take_along_axis(a, order, 1)  # noqa: E731
+    runs = along(table.runs)
+    rewards = along(table.rewards.astype(np.float64))
+    versions = along(table.versions.astype(np.int64))
     judge = p.filter.judge
     if judge == "auto":
         acc = table.metrics.get("accuracy")
-        values = rewards if acc is None else np.take_along_axis(acc, order, 1)
+        values = rewards if acc is None else along(acc)
         values = np.where(np.isnan(values).all(axis=1, keepdims=True), rewards, values) if acc is not None else values
     elif judge == "reward":
         values = rewards
     else:
         col = table.metrics.get(judge)
-        values = np.full(rewards.shape, np.nan) if col is None else np.take_along_axis(col.astype(np.float64), order, 1)
+        values = np.full(rewards.shape, np.nan) if col is None else along(col.astype(np.float64))
     bound = p.max_abs_reward
     with np.errstate(invalid="ignore"):
         bad_reward = ~np.isfinite(rewards) | (np.abs(rewards) > bound)
