@@ -195,19 +195,22 @@ class Orchestrator(AnchorLifecycle):
         _freeze_startup_heap()
 
     def _load(self) -> None:
-        """Restore the last committed state (start, or after a failed commit)."""
+        """Restore the last committed state (start, or after a failed commit; with nothing
+        committed yet, the state of a new orchestrator: a failed first commit leaves nothing)."""
         saved = self.store.load() if self.store is not None else None
+        state = saved.state if saved is not None else {}
+        if saved is not None:
+            self.core.load_state_dict(saved.state, saved.groups)
+        self._anchor_load_state_dict(state)
+        self._anchor_guard = state.get("anchor_guard")
+        self.attachment = dict(state.get("attachment") or {})
+        self._seen, self._stored, self.ready = (saved.seen, set(saved.groups), saved.ready) if saved else ({}, set(), [])
+        self._new_seen, self._new_batches, self._handed = {}, [], []
+        self._last_call, self._new_call = (saved.last_call if saved else None), None
+        call = state.get("tasks_call")
+        self._tasks_call = (call[0], list(call[1])) if call else None
         if saved is None:
             return
-        self.core.load_state_dict(saved.state, saved.groups)
-        self._anchor_load_state_dict(saved.state)
-        self._anchor_guard = saved.state.get("anchor_guard")
-        self.attachment = dict(saved.state.get("attachment") or {})
-        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
-        self._new_seen, self._new_batches, self._handed = {}, [], []
-        self._last_call, self._new_call = saved.last_call, None
-        call = saved.state.get("tasks_call")
-        self._tasks_call = (call[0], list(call[1])) if call else None
         log.warning(
             "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
             "saved policy replaces the configured one; delete the file to start afresh)",

@@ -207,7 +207,10 @@ class StateStore:
         raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
 
     def load(self) -> Saved | None:
-        """The last committed state, or None for a new file."""
+        """The last committed state, or None for a new file. Either way, what this store holds of
+        the file (the columns as last written, included) is read again: after a failed commit,
+        what it staged is forgotten."""
+        self.seq, self._columns, self._changed, self._parts, self._given = 0, {}, {}, {}, {}
         row = self._db.execute("SELECT seq, state FROM dso_state WHERE id = 0").fetchone()
         if row is None:
             return None
@@ -216,7 +219,6 @@ class StateStore:
         parts = self._db.execute("SELECT name, value FROM dso_parts").fetchall()
         state.update((name, pickle.loads(value)) for name, value in parts)
         self._parts = {name: pickle.loads(value) for name, value in parts}  # copies: the caller may keep the state's
-        self._given = {}
         columns = {name: np.frombuffer(base, dtype=dtype).copy()
                    for name, dtype, base in self._db.execute("SELECT name, dtype, base FROM dso_columns")}
         changed = dict.fromkeys(columns, 0)
@@ -324,9 +326,8 @@ class StateStore:
         :data:`CHANGES_PER_WRITE` times its length; else as the rows that differ (bit for bit)
         from the last staged state. ``rows``: the only rows that can differ (sorted task rows,
         :meth:`OrchestratorCore.touched_rows`); None compares every row. The staged columns
-        count as committed from here: the commit
-        must follow, and a failed commit is followed by :meth:`load` (the actor's rollback),
-        which reads them back from the file.
+        count as committed from here: the commit must follow, and a failed commit is followed by
+        :meth:`load` (the actor's rollback), which reads them back from the file.
         """
         small, columns = _split(state)
         writes = ColumnWrites()

@@ -138,6 +138,18 @@ def test_failed_commit_goes_back_to_the_last_commit(tmp_path):
     assert orch(tmp_path).get_stats() == before
 
 
+def test_a_failed_first_commit_leaves_nothing_the_next_commit_relies_on(tmp_path):
+    o = orch(tmp_path)
+    sink = SQLiteSink(tmp_path / "run.db")
+    sink._db.execute("INSERT INTO batches VALUES (0, 0, 0, 0, 0, 0, 0.0)")  # the first commit's batch 0 fails
+    with pytest.raises(sqlite3.IntegrityError):
+        run(o.submit_groups([group("t0"), group("t1")]))
+    sink._db.execute("DELETE FROM batches")
+    run(o.submit_groups([group("t0")]))
+    restored = orch(tmp_path).core.state_dict()
+    assert restored["history"] == o.core.state_dict()["history"] and o.core.history.groups[0] == 1
+
+
 CRASH_IN_COMMIT = textwrap.dedent("""
     import asyncio, os, sys
     sys.path.insert(0, os.getcwd())
