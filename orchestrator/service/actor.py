@@ -43,7 +43,7 @@ from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, Roun
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.table import table_error
-from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
+from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key, pack_groups
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
@@ -249,8 +249,9 @@ class Orchestrator(AnchorLifecycle):
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
         small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
+        hold = [g for k, g in held.items() if k not in self._stored]
         change = Change(
-            small, columns, seen=seen, hold=[g for k, g in held.items() if k not in self._stored],
+            small, columns, seen=seen, hold_keys=list(map(_KEY, hold)), hold=pack_groups(hold),  # packed now, as staged
             release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,
         )
 

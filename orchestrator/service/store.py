@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.core.types import Batch, Group, pack_groups, unpack_groups
+from orchestrator.core.types import Batch, Group, unpack_groups
 from orchestrator.service.sink import SQLiteSink
 
 _SCHEMA = """
@@ -144,7 +144,10 @@ class Change:
         state: the whole new small state (replaces the saved one), without its per-task columns.
         columns: what changed in the per-task columns (:meth:`StateStore.stage`).
         seen: new group keys and their filter labels.
-        hold: groups that became held (payload written once).
+        hold_keys: keys of the groups that became held (payload written once).
+        hold: those groups as :func:`~orchestrator.core.types.pack_groups` packed them, on the
+            thread that changes them, before it changes them again (the commit may be written
+            in another thread meanwhile).
         release: keys of groups that left the held set (payload cleared).
         batches: batches emitted by this change (into the sink, when it shares the file,
             and into the ready queue unless ``handed``).
@@ -156,7 +159,8 @@ class Change:
     state: dict
     columns: ColumnWrites
     seen: dict[str, str] = field(default_factory=dict)
-    hold: list[Group] = field(default_factory=list)
+    hold_keys: list[str] = field(default_factory=list)
+    hold: tuple = ()
     release: list[str] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
     handed: list[int] = field(default_factory=list)
@@ -278,10 +282,10 @@ class StateStore:
                 db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
             db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
                            ((seq, name, idx.tobytes(), vals.tobytes()) for name, (idx, vals) in change.columns.rows.items()))
-            if change.seen or change.hold:
+            if change.seen or change.hold_keys:
                 db.execute("INSERT INTO dso_log VALUES (?, ?, ?)", (
                     seq, dump((list(change.seen), list(change.seen.values()))) if change.seen else None,
-                    dump(pack_groups(change.hold)) if change.hold else None,
+                    dump(change.hold) if change.hold_keys else None,
                 ))
             db.executemany("UPDATE dso_log SET held = NULL WHERE seq = ?", ((s,) for s in cleared))
             db.executemany("UPDATE dso_groups SET payload = NULL WHERE key = ?", ((k,) for k in legacy))
@@ -309,10 +313,10 @@ class StateStore:
             self._live[s] -= n
         for s in cleared:
             del self._live[s]
-        for g in change.hold:
-            self._chunk_of[g.key] = seq
-        if change.hold:
-            self._live[seq] = len(change.hold)
+        for k in change.hold_keys:
+            self._chunk_of[k] = seq
+        if change.hold_keys:
+            self._live[seq] = len(change.hold_keys)
         if change.batches and self.sink is not None:
             self.sink.wal_checkpoint()
         return self.seq

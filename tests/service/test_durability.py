@@ -150,6 +150,21 @@ def test_a_failed_first_commit_leaves_nothing_the_next_commit_relies_on(tmp_path
     assert restored["history"] == o.core.state_dict()["history"] and o.core.history.groups[0] == 1
 
 
+def test_a_held_group_is_written_as_it_was_when_its_commit_was_prepared(tmp_path):
+    o = orch(tmp_path)
+    prepare = o.commits._prepare
+
+    def prepare_then_change():  # the event loop goes on changing groups while the commit is written
+        write, done = prepare()
+        for g in o.core.carry:
+            g.reason = "stale"
+        return write, done
+
+    o.commits._prepare = prepare_then_change
+    run(o.submit_groups([group("t0")]))
+    assert [g.reason for g in orch(tmp_path).core.carry] == ["informative"]
+
+
 CRASH_IN_COMMIT = textwrap.dedent("""
     import asyncio, os, sys
     sys.path.insert(0, os.getcwd())
