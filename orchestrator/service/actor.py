@@ -231,7 +231,9 @@ class Orchestrator(AnchorLifecycle):
         ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
         (at least once: a crash before the commit writes them again), then the change to the
         store in one transaction: new group keys, newly held groups (written once), released
-        groups, emitted batches, hand-outs and the small state. ``done`` records which held
+        groups, emitted batches, hand-outs and the small state. What the event loop may change
+        while ``write`` runs in a worker thread is taken now: the per-task columns that changed
+        (:meth:`StateStore.stage`) and the newly held groups, packed. ``done`` records which held
         groups the store now has."""
         batches, self._new_batches = self._new_batches, []
         seen, self._new_seen = self._new_seen, {}
