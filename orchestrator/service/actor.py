@@ -49,7 +49,7 @@ from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import DSOMetrics
 from orchestrator.service.sink import BatchSink, SQLiteSink
-from orchestrator.service.store import Change, StateStore
+from orchestrator.service.store import Change, Saved, StateStore
 
 DEFAULT_NAME = "dso-orchestrator"
 DEFAULT_NAMESPACE = "trinity-dso"
@@ -197,19 +197,19 @@ class Orchestrator(AnchorLifecycle):
     def _load(self) -> None:
         """Restore the last committed state (start, or after a failed commit; with nothing
         committed yet, the state of a new orchestrator: a failed first commit leaves nothing)."""
-        saved = self.store.load() if self.store is not None else None
-        state = saved.state if saved is not None else {}
-        if saved is not None:
+        found = self.store.load() if self.store is not None else None
+        saved = found if found is not None else Saved(0, {})  # nothing committed: a new orchestrator's state
+        if found is not None:
             self.core.load_state_dict(saved.state, saved.groups)
-        self._anchor_load_state_dict(state)
-        self._anchor_guard = state.get("anchor_guard")
-        self.attachment = dict(state.get("attachment") or {})
-        self._seen, self._stored, self.ready = (saved.seen, set(saved.groups), saved.ready) if saved else ({}, set(), [])
+        self._anchor_load_state_dict(saved.state)
+        self._anchor_guard = saved.state.get("anchor_guard")
+        self.attachment = dict(saved.state.get("attachment") or {})
+        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
         self._new_seen, self._new_batches, self._handed = {}, [], []
-        self._last_call, self._new_call = (saved.last_call if saved else None), None
-        call = state.get("tasks_call")
+        self._last_call, self._new_call = saved.last_call, None
+        call = saved.state.get("tasks_call")
         self._tasks_call = (call[0], list(call[1])) if call else None
-        if saved is None:
+        if found is None:
             return
         log.warning(
             "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
