@@ -55,7 +55,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from algos.groups import Norm, StdConvention, check_norm, normalise_in_groups
+from algos.groups import Norm, StdConvention, check_norm, dense_ids, normalise_in_groups
 
 EpisodeWeighting = Literal["trajectory", "step"]
 Similarity = Literal["ratio", "jaccard"]
@@ -221,9 +221,9 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
         raise ValueError("encode_keys needs at least one column")
     cols = [np.asarray(c) for c in columns]
     _same_length(**{f"column{i}": c for i, c in enumerate(cols)})
-    ids = _dense_ids(cols[0])
+    ids = dense_ids(cols[0])
     for c in cols[1:]:
-        code = _dense_ids(c)
+        code = dense_ids(c)
         radix = int(code.max()) + 1 if code.size else 1
         top = int(ids.max()) + 1 if ids.size else 1
         if top * radix <= 4 * ids.size + 1024:  # small key space: rank by a presence table, no sort
@@ -236,18 +236,6 @@ def encode_keys(*columns: Any) -> tuple[np.ndarray, int]:
         else:
             ids = np.unique(np.stack([ids, code], axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
     return ids, (int(ids.max()) + 1 if ids.size else 0)
-
-
-def _dense_ids(x: np.ndarray) -> np.ndarray:
-    """(S,) int64 ``np.unique(x, return_inverse=True)[1]``: the rank of each row's key among the
-    distinct keys. Keys that are already dense integer codes (every value of 0..K-1 present)
-    are their own ranks and are returned without sorting (the usual case for codes made by
-    :func:`encode_keys`); anything else is ranked by ``np.unique``."""
-    if x.ndim == 1 and x.dtype.kind in "iu" and x.size:
-        lo, hi = int(x.min()), int(x.max())
-        if lo == 0 and hi < x.size and np.bincount(x, minlength=hi + 1).all():
-            return x.astype(np.int64, copy=False)
-    return np.unique(x, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def normalise_from_moments(
@@ -314,7 +302,7 @@ def _trajectory_layout(
     Raises InvalidStepError on a duplicate (trajectory, step) or a gap in the step indices.
     """
     describe = describe or (lambda i: f"trajectory {_r(traj_ids[i])}")
-    t = _dense_ids(traj_ids)
+    t = dense_ids(traj_ids)
     order = _consecutive_order(t, steps)
     if order is None:  # a duplicate or a gap: sort, and name the first one below
         order = np.lexsort((steps, t))
@@ -489,7 +477,7 @@ def episode_advantages(
     if r.size == 0:
         return r.copy(), r.copy()
     task_code, _ = encode_keys(tk)
-    traj_code = _dense_ids(tr)
+    traj_code = dense_ids(tr)
     # canonical summation order: by (trajectory, reward) so totals do not depend on row order
     order = np.lexsort((r, traj_code))
     num_traj = int(traj_code.max()) + 1

@@ -30,6 +30,18 @@ def check_norm(norm: Any, eps: Any, std: Any = "sample") -> None:
         raise ValueError(f"eps must be >= 0, got {eps!r}")
 
 
+def dense_ids(x: np.ndarray) -> np.ndarray:
+    """(S,) int64 ``np.unique(x, return_inverse=True)[1]``: the rank of each row's key among the
+    distinct keys. Keys that are already dense integer codes (every value of 0..K-1 present)
+    are their own ranks and are returned without sorting (the usual case for codes made by
+    :func:`algos.gigpo.encode_keys`); anything else is ranked by ``np.unique``."""
+    if x.ndim == 1 and x.dtype.kind in "iu" and x.size:
+        lo, hi = int(x.min()), int(x.max())
+        if lo == 0 and hi < x.size and np.bincount(x, minlength=hi + 1).all():
+            return x.astype(np.int64, copy=False)
+    return np.unique(x, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
 def normalise_in_groups(
     values: np.ndarray, group_ids: np.ndarray, *, norm: Norm = "std", eps: float = 1e-6, std: StdConvention = "sample"
 ) -> np.ndarray:
@@ -60,8 +72,7 @@ def normalise_in_groups(
         raise ValueError(f"values has {v.size} entries but group_ids {g.size}")
     if v.size == 0:
         return v.copy()
-    _, g = np.unique(g, return_inverse=True)
-    g = g.reshape(-1)
+    g = dense_ids(g)
     order = np.lexsort((v, g))
     vs, gs = v[order], g[order]
     num = int(gs[-1]) + 1

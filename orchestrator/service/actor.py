@@ -515,6 +515,8 @@ class Orchestrator(AnchorLifecycle):
     @staticmethod
     def _call_keys(keys: list[str | None]) -> list[str | None]:
         """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
+        if len(set(keys)) == len(keys):  # no key repeats (the usual case): the keys as they are
+            return keys
         occurrences: dict[str, int] = defaultdict(int)
         out = []
         for k in keys:

@@ -137,20 +137,24 @@ class StepRows:
         raw = raw[back]
         names: dict[str, int] = {}
         remap = np.empty(len(uniq), dtype=np.int64)
-        for code, h in enumerate(uniq):
-            if h is None:
-                remap[code] = -1
-                continue
-            if isinstance(h, (bytes, bytearray)):
-                h = bytes(h).hex()
-            elif not isinstance(h, str) or h == "":
-                i = int(np.flatnonzero(raw == code)[0])
-                what = "empty" if h == "" else f"expected str or bytes, got {type(infos[back[i]].get(env_state_hash_key)).__name__}"
-                raise InvalidStepError(
-                    f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
-                    "orchestrator.anchors.keys.state_hash (never str())"
-                )
-            remap[code] = names.setdefault(h, len(names))
+        if set(map(type, uniq)) == {str} and "" not in uniq:  # distinct non-empty str (the usual case): codes as they are
+            names = dict(zip(uniq, range(len(uniq))))
+            remap[:] = np.arange(len(uniq))
+        else:
+            for code, h in enumerate(uniq):
+                if h is None:
+                    remap[code] = -1
+                    continue
+                if isinstance(h, (bytes, bytearray)):
+                    h = bytes(h).hex()
+                elif not isinstance(h, str) or h == "":
+                    i = int(np.flatnonzero(raw == code)[0])
+                    what = "empty" if h == "" else f"expected str or bytes, got {type(infos[back[i]].get(env_state_hash_key)).__name__}"
+                    raise InvalidStepError(
+                        f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
+                        "orchestrator.anchors.keys.state_hash (never str())"
+                    )
+                remap[code] = names.setdefault(h, len(names))
         state = remap[raw]
         hashed = state >= 0
         solo = np.flatnonzero(~hashed)
