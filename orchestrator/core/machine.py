@@ -48,6 +48,7 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import itertools
 import logging
@@ -184,6 +185,24 @@ def group_from_dict(data: dict) -> Group:
         for name, dtype in _COLUMNS.items()
     }
     return Group(**{**data, "rollouts": rollouts, **cols})
+
+
+def flagged(rollouts: list, flags: dict[str, Any], which: Any = None) -> list:
+    """``rollouts`` with ``flags`` added to the ``info`` of each (of those where ``which(r)``
+    when given), as copies: a shallow copy of the rollout with a copy of its ``info``; the
+    others are the same objects.
+
+    A held group's rollouts are never changed in place once accepted: the state store may be
+    pickling them in its worker thread (the commit of the change that made the group held),
+    and a dict that grows while it is pickled fails the commit; what a commit writes is the
+    group as it was when the commit was prepared."""
+    out = []
+    for r in rollouts:
+        if which is None or which(r):
+            r = copy.copy(r)
+            r.info = {**r.info, **flags}
+        out.append(r)
+    return out
 
 
 class OrchestratorCore:
@@ -875,19 +894,14 @@ class OrchestratorCore:
             if not keep[0]:
                 return False
         g.valid = valid
-        for r in g.rollouts:
-            if stale[r.eid.run]:
-                r.info["dso_masked"] = "stale"
-                r.info["dso_loss_weight"] = 0.0
+        g.rollouts = flagged(g.rollouts, {"dso_masked": "stale", "dso_loss_weight": 0.0}, lambda r: stale[r.eid.run])
         self.counters["rollouts_masked"] += int(stale.sum())
         return True
 
     def _release(self, groups: list[Group], padding: list[Group], partial: bool) -> Batch:
         for g in padding:
             g.padding = True
-            for r in g.rollouts:
-                r.info["dso_padding"] = True
-                r.info["dso_loss_weight"] = 0.0
+            g.rollouts = flagged(g.rollouts, {"dso_padding": True, "dso_loss_weight": 0.0})
         padded = set(map(id, padding))
         self._drop([g for g in self.candidates if id(g) not in padded])
         if groups:  # trained on next: their pass rates move, so their evidence counts less

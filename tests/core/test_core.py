@@ -98,6 +98,17 @@ def test_cap_pad_fills_with_dropped_groups_marked_padding():
     assert s.rollouts_wasted == 4 and s.cap_hits == 1
 
 
+def test_padding_flags_copies_and_leaves_the_held_rollouts_as_accepted():
+    c = core(max_replenish_rounds=0)
+    c.plan_round()
+    wrong = group("t1", WRONG)
+    accepted = list(wrong.rollouts)
+    c.submit([group("t0", MIXED), wrong])
+    batch = c.close_at_cap()
+    assert [r.info for r in batch.groups[1].rollouts] == [{"dso_padding": True, "dso_loss_weight": 0.0}] * 2
+    assert [r.info for r in accepted] == [{}, {}]  # the state store may be pickling these meanwhile
+
+
 def test_cap_partial_emits_smaller_flagged_batch():
     c = core(max_replenish_rounds=1, on_cap="partial")
     c.plan_round()

@@ -210,6 +210,17 @@ def test_stale_member_masked_by_policy():
     assert rollout_lags(batch) == [0, 0]
 
 
+def test_stale_masking_flags_copies_and_leaves_the_held_rollouts_as_accepted():
+    c = core(group_size=3, target_groups=1, max_staleness=1, stale_members="mask")
+    c.set_model_version(3)
+    g = group("t0", [1.0, -1.0, 1.0], versions=[3, 3, 1])
+    accepted = list(g.rollouts)
+    c.submit([g])
+    batch = c.try_emit()
+    assert batch.groups[0].rollouts[2].info["dso_masked"] == "stale" and "dso_masked" not in accepted[2].info
+    assert batch.groups[0].rollouts[:2] == accepted[:2]
+
+
 def test_stale_masking_that_leaves_no_contrast_drops_the_group():
     # rewards 1, -1, 1 with the -1 member stale: 1, 1 remain -> no longer informative
     c, g, batch = _carried([3, 1, 3], 3, max_staleness=1, stale_members="mask")

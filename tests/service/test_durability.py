@@ -165,6 +165,22 @@ def test_a_held_group_is_written_as_it_was_when_its_commit_was_prepared(tmp_path
     assert [g.reason for g in orch(tmp_path).core.carry] == ["informative"]
 
 
+def test_a_padding_candidate_is_written_without_the_flags_of_a_later_release(tmp_path):
+    o = orch(tmp_path)
+    prepare = o.commits._prepare
+
+    def prepare_then_pad():  # the candidate is released as padding while its commit is written
+        write, done = prepare()
+        if o.core.candidates:
+            o.core.close_at_cap()
+        return write, done
+
+    o.commits._prepare = prepare_then_pad
+    run(o.submit_groups([group("t0"), group("t1", WRONG)]))
+    (candidate,) = orch(tmp_path).core.candidates  # restarted from that commit: held, not yet released
+    assert [r.info for r in candidate.rollouts] == [{}, {}]
+
+
 CRASH_IN_COMMIT = textwrap.dedent("""
     import asyncio, os, sys
     sys.path.insert(0, os.getcwd())
