@@ -101,6 +101,13 @@ def gigpo_train_table(summary: dict) -> Table:
     return t
 
 
+DAPO_ARMS = "dapo, no_clip_higher, no_dynamic_sampling, no_token_loss, no_overlong_shaping, grpo"
+"""The arms of ``ablate-dapo`` for its help (the table, :data:`orchestrator.jobs.ablation.ARMS`,
+lives in a module that imports torch; a test keeps the two equal)."""
+GIGPO_ARMS = "gigpo, omega0, multi_step_grpo, gigpo_norm_none"
+"""The arms of ``compare-gigpo`` for its help (:data:`orchestrator.jobs.gigpo_compare.ARMS`)."""
+
+
 def _arms(arms: str | None, known: dict) -> list[str]:
     """The arms named in ``--arms`` (comma-separated; None: all), each checked against ``known``."""
     chosen = list(known) if not arms else [a.strip() for a in arms.split(",")]
@@ -180,7 +187,7 @@ def register(app: typer.Typer) -> None:
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
         budget: int | None = typer.Option(None, min=1, help="Trajectories per arm and seed (default: the comparison's)."),
         out: Path = typer.Option(Path("runs/gigpo-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
-        arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
+        arms: str | None = typer.Option(None, help=f"Comma-separated arms among {GIGPO_ARMS} (default: all)."),
     ) -> None:
         """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
         from orchestrator.jobs.gigpo_compare import ARMS, run_comparison
@@ -195,7 +202,7 @@ def register(app: typer.Typer) -> None:
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
         budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the ablation's)."),
         out: Path = typer.Option(Path("runs/ablation"), help="Output directory (ablation.md, ablation.json, ablation.png, runs)."),
-        arms: str | None = typer.Option(None, help="Comma-separated arm names (default: all)."),
+        arms: str | None = typer.Option(None, help=f"Comma-separated arms among {DAPO_ARMS} (default: all)."),
     ) -> None:
         """Full DAPO vs each technique switched off alone vs plain GRPO, same rollout budget."""
         from orchestrator.jobs.ablation import ARMS, run_ablation
