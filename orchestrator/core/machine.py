@@ -54,6 +54,7 @@ import itertools
 import logging
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,7 +188,7 @@ def group_from_dict(data: dict) -> Group:
     return Group(**{**data, "rollouts": rollouts, **cols})
 
 
-def flagged(rollouts: list, flags: dict[str, Any], which: Any = None) -> list:
+def flagged(rollouts: list, flags: dict[str, Any], which: Callable[[Any], bool] | None = None) -> list:
     """``rollouts`` with ``flags`` added to the ``info`` of each (of those where ``which(r)``
     when given), as copies: a shallow copy of the rollout with a copy of its ``info``; the
     others are the same objects.
