@@ -57,7 +57,7 @@ def test_masked_token_with_huge_log_ratio_gives_zero_loss_and_zero_grad():
     tok, flags = clip_higher_token_loss(lp, old, adv, mask, dual_clip=3.0)
     loss = aggregate_loss(tok, mask)
     loss.backward()
-    assert float(loss) == pytest.approx(2.0)  # -A * ratio = 2 * 1 on the one real token
+    assert loss.item() == pytest.approx(2.0)  # -A * ratio = 2 * 1 on the one real token
     assert tok[0, 1].item() == 0.0
     assert lp.grad[0, 1].item() == 0.0
     assert torch.isfinite(lp.grad).all()
