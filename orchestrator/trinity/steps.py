@@ -135,12 +135,11 @@ class StepRows:
             ]
             raw, uniq = first_appearance_codes(hashes)
         raw = raw[back]
-        names: dict[str, int] = {}
-        remap = np.empty(len(uniq), dtype=np.int64)
-        if set(map(type, uniq)) == {str} and "" not in uniq:  # distinct non-empty str (the usual case): codes as they are
-            names = dict(zip(uniq, range(len(uniq))))
-            remap[:] = np.arange(len(uniq))
+        if set(map(type, uniq)) == {str} and "" not in uniq:  # distinct non-empty str (the usual case): their codes
+            names, state = uniq, raw
         else:
+            seen: dict[str, int] = {}
+            remap = np.empty(len(uniq), dtype=np.int64)
             for code, h in enumerate(uniq):
                 if h is None:
                     remap[code] = -1
@@ -154,8 +153,8 @@ class StepRows:
                         f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
                         "orchestrator.anchors.keys.state_hash (never str())"
                     )
-                remap[code] = names.setdefault(h, len(names))
-        state = remap[raw]
+                remap[code] = seen.setdefault(h, len(seen))
+            names, state = list(seen), remap[raw]
         hashed = state >= 0
         solo = np.flatnonzero(~hashed)
         state[solo] = len(names) + np.arange(solo.size)
