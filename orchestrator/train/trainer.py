@@ -269,7 +269,7 @@ class PolicyTrainer:
             loss = aggregate_loss(tok_loss, mask, cfg.loss_agg, global_tokens=total_tokens, global_seqs=total_seqs,
                                   norm_length=self.norm_length)
             if not torch.isfinite(loss):
-                raise TrainStepError(f"step {self.step}: loss is {float(loss)} (micro-batch rows {idx.tolist()[:8]}...)")
+                raise TrainStepError(f"step {self.step}: loss is {loss.item()} (micro-batch rows {idx.tolist()[:8]}...)")
             loss.backward()
             with torch.no_grad():
                 ref_lp, _ = token_logprobs(self.reference, ids, attn)
