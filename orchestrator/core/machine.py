@@ -476,6 +476,8 @@ class OrchestratorCore:
 
     def _close_rounds(self, idx: np.ndarray, keep: np.ndarray) -> None:
         """Count submitted groups against the planned rounds awaiting them (oldest round first)."""
+        if not self.awaited:  # no planned round awaits a group (e.g. tasks chosen by the caller)
+            return
         c = self.counters
         for i, kept in zip(idx.tolist(), keep.tolist(), strict=True):
             keys = self.awaited.get(i)
@@ -746,8 +748,9 @@ class OrchestratorCore:
         else:
             rnd = self.rounds_submitted - 1
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
-        back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
-        self.in_flight = [t for t in self.in_flight if t not in back]
+        if self.in_flight:
+            back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+            self.in_flight = [t for t in self.in_flight if t not in back]
         for g in groups:
             if isinstance(g, Group):
                 g.purpose, g.round = purpose, rnd
@@ -787,7 +790,7 @@ class OrchestratorCore:
         else:
             idx, raw, values, valid, all_versions = cols
         rewards = np.where(valid, raw, 0.0)
-        for g in groups:
+        for g in groups if cols is None else ():  # a table's rows carry no rollouts
             for r in g.rollouts:
                 if not g.valid[r.eid.run] and not r.info.get("dso_masked"):
                     r.info["dso_masked"] = "invalid"
