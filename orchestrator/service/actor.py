@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import itertools
 import logging
 import operator
 import time
@@ -69,6 +70,12 @@ SLICE_ROLLOUTS = 256
 
 COMMIT_ROLLOUTS = 4096
 """A large submit commits after about this many rollouts (and at its end)."""
+
+RETRY_WINDOW = 1_000_000
+"""Group keys remembered to recognise a re-submitted group (the default ``retry_window``): about
+126 MB in memory and 2 s of loading at a restart per million. A resumed Trinity explorer
+re-submits the explore steps since its last checkpoint, a few thousand to tens of thousands of
+groups in usual runs."""
 
 
 class OrchestratorUnavailable(RuntimeError):
@@ -126,6 +133,11 @@ class Orchestrator(AnchorLifecycle):
             ``observe_redis_op`` (:class:`orchestrator.service.metrics.DSOMetrics`), the anchor index
             feeds them.
         seed: seeds the task order.
+        retry_window: how many group keys to remember, newest first, to recognise a group
+            submitted again (a retried call, a resumed explorer re-submitting its steps since
+            its checkpoint): at least the keys of the last ``retry_window`` groups accepted are
+            recognised, before and after a restart (default :data:`RETRY_WINDOW`); an older
+            group submitted again counts as a new one.
         anchor_index: an :class:`~orchestrator.anchors.owner.AnchorIndexConfig` (or its dict)
             to create an anchor index and run its lifecycle (see
             :class:`~orchestrator.anchors.owner.AnchorLifecycle`; the memory index is served
@@ -147,8 +159,12 @@ class Orchestrator(AnchorLifecycle):
         metrics: DSOMetrics | None = None,
         seed: int = 0,
         anchor_index: AnchorIndexConfig | dict | None = None,
+        retry_window: int = RETRY_WINDOW,
     ):
         enable_service_logging()
+        if not isinstance(retry_window, int) or isinstance(retry_window, bool) or retry_window < 1:
+            raise ValueError(f"retry_window: must be an int of at least 1, got {retry_window!r}")
+        self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_judge(policy, rollout_source)
         self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
@@ -166,7 +182,7 @@ class Orchestrator(AnchorLifecycle):
         # every change is counted (commits.changed) and each call answers once it is written
         self.commits = GroupCommit(self._prepare, self._rollback)
         # what the next commit writes (see _prepare)
-        self._seen: dict[str, str] = {}  # filter label of every group key ever accepted
+        self._seen: dict[str, str] = {}  # filter label of the group keys accepted last, oldest first (retry_window)
         self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
         self._new_seen: dict[str, str] = {}
         self._new_batches: list[Batch] = []
@@ -185,11 +201,11 @@ class Orchestrator(AnchorLifecycle):
                          on_change=self._anchor_changed)
         self.store: StateStore | None = None
         if isinstance(sink, SQLiteSink):
-            self.store = StateStore(sink.path, sink=sink)
+            self.store = StateStore(sink.path, sink=sink, keep_keys=retry_window)
             if self.checkpoint_path is not None and self.checkpoint_path.resolve() != sink.path.resolve():
                 log.warning("checkpoint_path %s unused: the state is kept in the sink's file %s", self.checkpoint_path, sink.path)
         elif self.checkpoint_path is not None:
-            self.store = StateStore(self.checkpoint_path)
+            self.store = StateStore(self.checkpoint_path, keep_keys=retry_window)
         self._load()
         self._observe()
         _freeze_startup_heap()
@@ -538,6 +554,8 @@ class Orchestrator(AnchorLifecycle):
             labels = dict(zip(map(_KEY, part_groups), map(_REASON, part_groups)))
             self._seen.update(labels)
             self._new_seen.update(labels)
+            if len(self._seen) > self.retry_window * 3 // 2:  # forget the oldest keys, half a window at a time
+                self._seen = dict(itertools.islice(self._seen.items(), len(self._seen) - self.retry_window, None))
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, OrchestratorUnavailable
+from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, OrchestratorUnavailable
 from orchestrator.service.api import ServiceSettings
 
 # --------------------------------------------------------------------------- orchestrator from config
@@ -54,6 +54,7 @@ class OrchestratorConfig(BaseModel):
     sink: str | None = Field(None, description="SQLite file for emitted batches (orchestrator.service.sink.SQLiteSink).")
     checkpoint_path: str | None = Field(None, description="SQLite state file when there is no sink (with a sink, its file holds the state); a restarted actor resumes from it.")
     seed: int = 0
+    retry_window: int = Field(RETRY_WINDOW, ge=1, description="Group keys remembered (newest first) to recognise a group submitted again; an older one counts as new.")
 
 
 class DriverConfig(BaseModel):
@@ -147,7 +148,8 @@ def build_orchestrator_args(cfg: OrchestratorConfig) -> tuple[tuple, dict]:
         from orchestrator.service.sink import SQLiteSink
 
         sink = SQLiteSink(cfg.sink)
-    kwargs = {"sink": sink, "checkpoint_path": cfg.checkpoint_path, "metrics": DSOMetrics(), "seed": cfg.seed}
+    kwargs = {"sink": sink, "checkpoint_path": cfg.checkpoint_path, "metrics": DSOMetrics(), "seed": cfg.seed,
+              "retry_window": cfg.retry_window}
     return (policy, task_set, source), kwargs
 
 

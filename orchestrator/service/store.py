@@ -12,9 +12,10 @@ What the file holds (tables):
   (int32 row numbers and the values); a column is written whole again once its changes add up
   to :data:`CHANGES_PER_WRITE` times its length;
 * ``dso_log``: one row per commit that accepted groups: the keys and filter labels of the
-  groups it accepted (every key ever accepted stays, so a retried submit is answered, not
-  counted again), and the groups that became held by it (one pickle for all of them), cleared
-  once none of them is held any more. A commit writes one row, whatever its number of groups;
+  groups it accepted (so a retried submit is answered, not counted again; cleared once the
+  newer rows hold ``keep_keys`` keys), and the groups that became held by it (one pickle for
+  all of them), cleared once none of them is held any more; a row with both cleared is
+  deleted. A commit writes one row, whatever its number of groups;
 * ``dso_groups``: the same per group, one row each (files of earlier versions; read on load,
   payloads cleared on release, never written otherwise);
 * ``dso_ready``: batches emitted but not yet handed to a caller (``pop_batch``);
@@ -36,7 +37,7 @@ from __future__ import annotations
 import json
 import pickle
 import sqlite3
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,8 @@ class Saved:
             make JSON text the largest cost of a commit).
         groups: the held groups by key (with, after a crash, groups released by commits whose
             held-row still holds others: the state's held keys say which are held).
-        seen: filter label of every group key ever accepted.
+        seen: filter label of each group key accepted by the commits whose keys are kept (see
+            ``keep_keys`` of :class:`StateStore`), oldest first.
         ready: batches emitted and not handed out, oldest first.
         last_call: the id of the last call that handed out batches under an id, and those batches.
     """
@@ -174,14 +176,20 @@ class StateStore:
         path: the SQLite file; parent directories are created.
         sink: a :class:`SQLiteSink` on the same file: emitted batches are then written into its
             tables in the same transaction as the state.
+        keep_keys: keep the accepted group keys of the newest commits that hold at least this
+            many of them (the keys of an older commit are cleared by the commit that passes the
+            count); None keeps every key.
     Raises:
         StateStoreError: the file exists and is not a SQLite database (e.g. a JSON checkpoint
             of an older version).
     """
 
-    def __init__(self, path: str | Path, sink: SQLiteSink | None = None):
+    def __init__(self, path: str | Path, sink: SQLiteSink | None = None, keep_keys: int | None = None):
+        if keep_keys is not None and keep_keys < 1:
+            raise ValueError(f"keep_keys: must be at least 1 (or None for every key), got {keep_keys!r}")
         self.path = Path(path)
         self.sink = sink
+        self.keep_keys = keep_keys
         if sink is not None and Path(sink.path).resolve() != self.path.resolve():
             raise ValueError(f"sink: {sink.path} is not the state file {self.path}")
         try:
@@ -206,6 +214,8 @@ class StateStore:
         self._live: dict[int, int] = {}  # dso_log row -> its groups not yet released
         self._legacy: set[str] = set()  # held group keys whose payload is in dso_groups (older files)
         self._given: dict[str, Any] = {}  # the small state of the last commit, as given
+        self._key_rows: deque[tuple[int, int]] = deque()  # (seq, keys) of the dso_log rows whose keys are kept
+        self._kept_keys = 0  # their sum
 
     def __getstate__(self) -> dict:
         raise TypeError("StateStore: open it where it is used (it holds a SQLite connection)")
@@ -241,10 +251,13 @@ class StateStore:
             if payload is not None:
                 groups[key] = pickle.loads(payload)
         self._legacy = set(groups)
-        self._chunk_of, self._live = {}, {}
+        self._chunk_of, self._live, self._key_rows, self._kept_keys = {}, {}, deque(), 0
         for seq, keys, held in self._db.execute("SELECT seq, seen, held FROM dso_log ORDER BY seq"):
             if keys is not None:
-                seen.update(zip(*pickle.loads(keys)))
+                names, labels = pickle.loads(keys)
+                seen.update(zip(names, labels))
+                self._key_rows.append((seq, len(names)))
+                self._kept_keys += len(names)
             for g in unpack_groups(pickle.loads(held)) if held is not None else ():
                 groups[g.key] = g
                 self._chunk_of[g.key] = seq
@@ -275,6 +288,7 @@ class StateStore:
         freed = Counter(self._chunk_of[k] for k in change.release if k in self._chunk_of)
         cleared = [s for s, n in freed.items() if self._live[s] == n]
         legacy = [k for k in change.release if k in self._legacy]
+        forget = self._forget(len(change.seen))
         with db:
             db.execute("BEGIN IMMEDIATE")
             for name, col in change.columns.whole.items():
@@ -288,6 +302,9 @@ class StateStore:
                     dump(change.hold) if change.hold_keys else None,
                 ))
             db.executemany("UPDATE dso_log SET held = NULL WHERE seq = ?", ((s,) for s in cleared))
+            db.executemany("UPDATE dso_log SET seen = NULL WHERE seq = ?", ((s,) for s in forget))
+            db.executemany("DELETE FROM dso_log WHERE seq = ? AND seen IS NULL AND held IS NULL",
+                           ((s,) for s in (*cleared, *forget)))
             db.executemany("UPDATE dso_groups SET payload = NULL WHERE key = ?", ((k,) for k in legacy))
             for batch in change.batches:
                 if self.sink is not None:
@@ -313,6 +330,11 @@ class StateStore:
             self._live[s] -= n
         for s in cleared:
             del self._live[s]
+        for _ in forget:
+            self._kept_keys -= self._key_rows.popleft()[1]
+        if change.seen:
+            self._key_rows.append((seq, len(change.seen)))
+            self._kept_keys += len(change.seen)
         for k in change.hold_keys:
             self._chunk_of[k] = seq
         if change.hold_keys:
@@ -320,6 +342,20 @@ class StateStore:
         if change.batches and self.sink is not None:
             self.sink.wal_checkpoint()
         return self.seq
+
+    def _forget(self, new_keys: int) -> list[int]:
+        """The oldest ``dso_log`` rows whose keys a commit adding ``new_keys`` keys clears: those
+        not needed for the newer rows to hold ``keep_keys`` keys."""
+        if self.keep_keys is None:
+            return []
+        total = self._kept_keys + new_keys
+        forget = []
+        for seq, n in self._key_rows:
+            if total - n < self.keep_keys:
+                break
+            forget.append(seq)
+            total -= n
+        return forget
 
     def stage(self, state: dict, rows: np.ndarray | None = None) -> tuple[dict, ColumnWrites]:
         """Split a new state into its small part and the column writes of its commit; call it on

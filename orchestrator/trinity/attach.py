@@ -22,7 +22,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_orchestrator
+from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, get_or_create_orchestrator
 from orchestrator.tasks.taskset import IndexTaskSet
 from orchestrator.trinity.registry import SELECTOR_NAME
 
@@ -60,6 +60,10 @@ class AttachConfig(BaseModel):
     )
     metrics: bool = Field(True, description="Prometheus metrics in the actor (served by the REST service's /metrics).")
     seed: int = Field(0, description="Seed of the actor's task order.")
+    retry_window: int = Field(
+        RETRY_WINDOW, ge=1, description="Group keys the actor remembers (newest first) to recognise re-submitted "
+        "groups; keep it above the groups of the explore steps between two explorer checkpoints."
+    )
     run: str | None = Field(None, description="Run id; default <project>/<name>. One orchestrator serves one run.")
     num_tasks: int | None = Field(None, ge=1, description="Rows of the training taskset (the selector knows it).")
     pinned: dict[str, int] = Field(
@@ -90,7 +94,7 @@ def create_orchestrator(cfg: AttachConfig, num_tasks: int) -> Any:
         cfg.resampling_policy(), IndexTaskSet.of_size(int(num_tasks)), seed=cfg.seed,
         name=cfg.actor_name, namespace=cfg.namespace, detached=True,
         checkpoint_path=cfg.checkpoint_path, metrics=DSOMetrics() if cfg.metrics else None,
-        anchor_index=cfg.anchor_index,
+        anchor_index=cfg.anchor_index, retry_window=cfg.retry_window,
     )
 
 

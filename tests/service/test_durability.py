@@ -389,3 +389,47 @@ def test_a_model_version_set_during_a_commit_answers_once_it_is_on_disk(tmp_path
     during_a_commit(o, tmp_path, lambda: o.set_model_version(5))
     crashed = orch(tmp_path / "crash")
     assert crashed.get_stats().model_version == 5
+
+
+def key(task):
+    return f"{task}\x1fr0\x1f0,1"
+
+
+def test_a_group_older_than_the_retry_window_counts_as_new(tmp_path):
+    o = orch(tmp_path, retry_window=2)
+    for t in TASKS[:4]:  # the 4th key passes 1.5 windows: the actor keeps the last 2
+        run(o.submit_groups([group(t, WRONG)]))
+    assert list(o._seen) == [key("t2"), key("t3")]
+    run(o.submit_groups([group("t2", WRONG), group("t3", WRONG)]))  # within the window: retries
+    assert o.get_stats().groups_submitted == 4
+    run(o.submit_groups([group("t0", WRONG)]))  # forgotten: a new group
+    assert o.get_stats().groups_submitted == 5
+
+
+def test_the_retry_window_holds_after_a_restart(tmp_path):
+    o = orch(tmp_path, retry_window=2)
+    for t in TASKS[:4]:  # one commit each; the file keeps the keys of the newest commits holding 2
+        run(o.submit_groups([group(t, WRONG)]))
+    db = sqlite3.connect(tmp_path / "run.db")
+    assert [pickle.loads(s)[0] for (s,) in db.execute("SELECT seen FROM dso_log ORDER BY seq")] == [[key("t2")], [key("t3")]]
+    o2 = orch(tmp_path, retry_window=2)  # restart
+    assert list(o2._seen) == [key("t2"), key("t3")]
+    run(o2.submit_groups([group("t3", WRONG)]))
+    assert o2.get_stats().groups_submitted == 4
+    run(o2.submit_groups([group("t1", WRONG)]))
+    assert o2.get_stats().groups_submitted == 5
+
+
+def test_log_rows_keep_their_held_groups_after_their_keys_go(tmp_path):
+    o = orch(tmp_path, retry_window=1)
+    run(o.submit_groups([group("t0", tokens=range(3))]))  # informative: carried, its payload held
+    run(o.submit_groups([group("t1", WRONG)]))
+    db = sqlite3.connect(tmp_path / "run.db")
+    assert db.execute("SELECT seen IS NULL, held IS NULL FROM dso_log ORDER BY seq").fetchall() == [(1, 0), (0, 0)]
+    o2 = orch(tmp_path, retry_window=1)
+    assert [g.task_id for g in o2.core.carry] == ["t0"] and o2.core.carry[0].rollouts[0].tokens == [0, 1, 2]
+
+
+def test_retry_window_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="retry_window: must be an int of at least 1, got 0"):
+        orch(tmp_path, retry_window=0)

@@ -248,6 +248,29 @@ def test_check_config_refuses_target_groups_times_repeat_times_other_than_train_
         DsoDAPOAlgorithm.check_config(cfg)
 
 
+def test_check_config_refuses_a_retry_window_below_one_naming_the_field(tmp_path):
+    cfg = _config(
+        "mode: explore\n"
+        "algorithm: {algorithm_type: dso_dapo, repeat_times: 4}\n"
+        "data_processor: {experience_pipeline: {operators: [{name: dso_orchestrator, args: {retry_window: 0}}]}}\n",
+        tmp_path,
+    )
+    with pytest.raises(ValueError, match=r"operators\[0\]\.args\.retry_window: Input should be greater than or equal to 1 \(got 0\)"):
+        DsoDAPOAlgorithm.check_config(cfg)
+
+
+def test_the_actor_created_from_the_operator_settings_keeps_their_retry_window(ray_local, tmp_path):
+    from orchestrator.trinity.attach import AttachConfig, create_orchestrator
+
+    cfg = AttachConfig(actor_name=f"dso-window-{uuid.uuid4().hex[:8]}", retry_window=5,
+                       checkpoint_path=str(tmp_path / "o.db"), metrics=False)
+    handle = create_orchestrator(cfg, num_tasks=4)
+    try:
+        assert ray_local.get(handle.__ray_call__.remote(lambda self: self.retry_window)) == 5
+    finally:
+        ray_local.kill(handle)
+
+
 def test_check_config_refuses_a_sync_that_waits_for_the_trainer_at_fixed_steps(tmp_path):
     cfg = _config(
         "mode: both\n"
