@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
-import itertools
 import logging
 import operator
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,7 +181,8 @@ class Orchestrator(AnchorLifecycle):
         # every change is counted (commits.changed) and each call answers once it is written
         self.commits = GroupCommit(self._prepare, self._rollback)
         # what the next commit writes (see _prepare)
-        self._seen: dict[str, str] = {}  # filter label of the group keys accepted last, oldest first (retry_window)
+        self._seen: dict[str, str] = {}  # filter label of the last retry_window group keys accepted
+        self._seen_order: deque[str] = deque()  # those keys, oldest first
         self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
         self._new_seen: dict[str, str] = {}
         self._new_batches: list[Batch] = []
@@ -221,6 +221,7 @@ class Orchestrator(AnchorLifecycle):
         self._anchor_guard = saved.state.get("anchor_guard")
         self.attachment = dict(saved.state.get("attachment") or {})
         self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
+        self._seen_order = deque(self._seen)  # oldest first (the file's commit order); trimmed by the next submit
         self._new_seen, self._new_batches, self._handed = {}, [], []
         self._last_call, self._new_call = saved.last_call, None
         call = saved.state.get("tasks_call")
@@ -554,8 +555,9 @@ class Orchestrator(AnchorLifecycle):
             labels = dict(zip(map(_KEY, part_groups), map(_REASON, part_groups)))
             self._seen.update(labels)
             self._new_seen.update(labels)
-            if len(self._seen) > self.retry_window * 3 // 2:  # forget the oldest keys, half a window at a time
-                self._seen = dict(itertools.islice(self._seen.items(), len(self._seen) - self.retry_window, None))
+            self._seen_order.extend(labels)  # new keys only: the fresh groups of one call, keys unique
+            while len(self._seen_order) > self.retry_window:  # forget the oldest (O(1) each, no stall)
+                self._seen.pop(self._seen_order.popleft(), None)
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None

@@ -397,7 +397,7 @@ def key(task):
 
 def test_a_group_older_than_the_retry_window_counts_as_new(tmp_path):
     o = orch(tmp_path, retry_window=2)
-    for t in TASKS[:4]:  # the 4th key passes 1.5 windows: the actor keeps the last 2
+    for t in TASKS[:4]:  # the actor keeps the last 2 keys
         run(o.submit_groups([group(t, WRONG)]))
     assert list(o._seen) == [key("t2"), key("t3")]
     run(o.submit_groups([group("t2", WRONG), group("t3", WRONG)]))  # within the window: retries
