@@ -433,3 +433,37 @@ def test_log_rows_keep_their_held_groups_after_their_keys_go(tmp_path):
 def test_retry_window_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="retry_window: must be an int of at least 1, got 0"):
         orch(tmp_path, retry_window=0)
+
+
+CRASH_WHILE_FORGETTING = textwrap.dedent("""
+    import asyncio, os, sys
+    sys.path.insert(0, os.getcwd())
+    import orchestrator.service.store as store
+    from tests.service.test_durability import orch, group, WRONG
+    from pathlib import Path
+    o = orch(Path(sys.argv[1]), retry_window=2)
+    first = int(sys.argv[2])
+    real = store.pickle.dumps
+    def die(*a, **k):  # the state is pickled last in the transaction: die once the oldest keys are cleared
+        db = o.store._db
+        if db.in_transaction and db.execute("SELECT MIN(seq) FROM dso_log WHERE seen IS NOT NULL").fetchone()[0] > first:
+            os._exit(9)
+        return real(*a, **k)
+    store.pickle.dumps = die
+    asyncio.run(o.submit_groups([group("t2", WRONG)]))
+""")
+
+
+def test_a_crash_while_keys_are_forgotten_keeps_them(tmp_path):
+    o = orch(tmp_path, retry_window=2)
+    run(o.submit_groups([group("t0", WRONG)]))
+    run(o.submit_groups([group("t1", WRONG)]))
+    (first,) = sqlite3.connect(tmp_path / "run.db").execute("SELECT MIN(seq) FROM dso_log").fetchone()
+    proc = subprocess.run([sys.executable, "-c", CRASH_WHILE_FORGETTING, str(tmp_path), str(first)],
+                          cwd=os.getcwd(), env=os.environ)
+    assert proc.returncode == 9
+    o2 = orch(tmp_path, retry_window=2)  # restarted from the commit before: t0's key kept, t2 not accepted
+    assert list(o2._seen) == [key("t0"), key("t1")] and o2.get_stats().groups_submitted == 2
+    run(o2.submit_groups([group("t2", WRONG)]))  # the caller's retry: accepted once, t0 forgotten now
+    run(o2.submit_groups([group("t1", WRONG), group("t2", WRONG)]))
+    assert o2.get_stats().groups_submitted == 3 and list(o2._seen) == [key("t1"), key("t2")]
