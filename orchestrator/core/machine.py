@@ -791,10 +791,9 @@ class OrchestratorCore:
             idx, raw, values, valid, all_versions = cols
         rewards = np.where(valid, raw, 0.0)
         for g in groups if cols is None else ():  # a table's rows carry no rollouts
-            for r in g.rollouts:
-                if not g.valid[r.eid.run] and not r.info.get("dso_masked"):
-                    r.info["dso_masked"] = "invalid"
-                    r.info["dso_loss_weight"] = 0.0
+            if not g.valid.all():  # flagged on copies: the submitter's rollouts stay as they were
+                g.rollouts = flagged(g.rollouts, {"dso_masked": "invalid", "dso_loss_weight": 0.0},
+                                     lambda r, valid=g.valid: not valid[r.eid.run] and not r.info.get("dso_masked"))
         if f.enabled:
             keep, reasons = classify_groups(
                 values, std_tol=f.std_tol, correct_threshold=f.correct_threshold, wrong_threshold=f.wrong_threshold,

@@ -108,6 +108,14 @@ def test_mask_keeps_a_group_with_one_nan_member():
     assert c.stats().rollouts_masked == 1 and invariant(c)
 
 
+def test_masking_an_invalid_member_leaves_the_submitted_rollout_as_it_was():
+    g = group("t0", [1.0, float("nan"), -1.0])
+    submitted = list(g.rollouts)
+    core(group_size=3, group_validity="mask", min_valid_group_size=2).submit([g])
+    assert submitted[1].info == {} and g.rollouts[1].info["dso_masked"] == "invalid"
+    assert g.rollouts[0] is submitted[0] and g.rollouts[1] is not submitted[1]
+
+
 def test_mask_judges_the_valid_members_only():
     # valid members 1, 1 -> all correct, although the NaN member would have been "wrong"
     g = group("t0", [1.0, float("nan"), 1.0])
