@@ -255,6 +255,9 @@ class StateStore:
         for seq, keys, held in self._db.execute("SELECT seq, seen, held FROM dso_log ORDER BY seq"):
             if keys is not None:
                 names, labels = pickle.loads(keys)
+                if not seen.keys().isdisjoint(names):  # accepted again after the actor forgot it: its newer place
+                    for k in names:
+                        seen.pop(k, None)
                 seen.update(zip(names, labels))
                 self._key_rows.append((seq, len(names)))
                 self._kept_keys += len(names)

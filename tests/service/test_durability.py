@@ -467,3 +467,13 @@ def test_a_crash_while_keys_are_forgotten_keeps_them(tmp_path):
     run(o2.submit_groups([group("t2", WRONG)]))  # the caller's retry: accepted once, t0 forgotten now
     run(o2.submit_groups([group("t1", WRONG), group("t2", WRONG)]))
     assert o2.get_stats().groups_submitted == 3 and list(o2._seen) == [key("t1"), key("t2")]
+
+
+def test_a_key_accepted_again_after_it_was_forgotten_keeps_its_new_place_after_a_restart(tmp_path):
+    o = orch(tmp_path, retry_window=2)
+    run(o.submit_groups([group(t, WRONG) for t in ("t0", "t1", "t2")]))  # one commit; the actor keeps t1, t2
+    run(o.submit_groups([group("t0", WRONG)]))  # forgotten: accepted again (the file still has the first)
+    o2 = orch(tmp_path, retry_window=2)
+    run(o2.submit_groups([group("t3", WRONG)]))  # the window now: t0 (accepted the second time), t3
+    run(o2.submit_groups([group("t0", WRONG)]))  # a retry: recognised
+    assert o2.get_stats().groups_submitted == 5 and list(o2._seen) == [key("t0"), key("t3")]
