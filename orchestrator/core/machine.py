@@ -76,6 +76,7 @@ log = logging.getLogger("trinity_dso.core")
 _LABELS = {int(r): r.label for r in GroupReason}
 _SIZE = operator.attrgetter("size")
 _REASON = operator.attrgetter("reason")
+_TASK = operator.attrgetter("task_id")
 
 ROUNDS_KEPT = 256
 """Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
@@ -821,23 +822,21 @@ class OrchestratorCore:
             sums["reward_count_all"] += int(valid.sum())
             sums["reward_sum_kept"] += float(rewards[keep][valid[keep]].sum())
             sums["reward_count_kept"] += int(valid[keep].sum())
-        labels = list(map(_LABELS.__getitem__, reasons.tolist()))
-        for g, label in zip(groups, labels):
-            g.reason = label
+        collections.deque(map(setattr, groups, itertools.repeat("reason"), map(_LABELS.__getitem__, reasons.tolist())), 0)
         for code, count in enumerate(np.bincount(reasons, minlength=len(_LABELS)).tolist()):
             if count:
                 self.classified_by_reason[_LABELS[code]] += count
         c["rollouts_initial" if groups[0].purpose == "initial" else "rollouts_replenish"] += size
         w["rollouts"] += size
-        informative = (reasons == GroupReason.INFORMATIVE).tolist()
-        self.carry.extend(itertools.compress(groups, informative))
-        dropped = [g for g, inf in zip(groups, informative) if not inf]
-        self.dropped_task_ids.extend(g.task_id for g in dropped)
+        informative = reasons == GroupReason.INFORMATIVE
+        self.carry.extend(itertools.compress(groups, informative.tolist()))
+        dropped = list(itertools.compress(groups, (~informative).tolist()))
+        self.dropped_task_ids.extend(map(_TASK, dropped))
         self.candidates.extend(dropped)
         overflow = len(self.candidates) - self.policy.target_groups
         if overflow > 0:
             self._drop(self.candidates[:overflow])
-            self.candidates = self.candidates[overflow:]
+            del self.candidates[:overflow]
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
         p, h = self.policy, self.history

@@ -116,6 +116,7 @@ class Group:
 
 
 _COLUMNS = ("rewards", "values", "valid", "versions")
+_COLUMN_GETTERS = tuple((name, operator.attrgetter(name)) for name in _COLUMNS)
 
 
 def _unpickle_group(fields: tuple, cols: tuple) -> Group:
@@ -136,8 +137,8 @@ def pack_groups(groups: list[Group]) -> tuple:
     """
     if not groups:
         return (), ()
-    fields = tuple(map(list, zip(*(g._fields() for g in groups))))
-    stacked = {name: _stack([getattr(g, name) for g in groups]) for name in _COLUMNS}
+    fields = tuple(map(list, zip(*map(Group._fields, groups))))
+    stacked = {name: _stack(list(map(getter, groups))) for name, getter in _COLUMN_GETTERS}
     cols = []
     for name, col in stacked.items():
         if not isinstance(col, np.ndarray):

@@ -27,7 +27,7 @@ import logging
 import operator
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ log = logging.getLogger("trinity_dso.actor")
 RETRIES = 3
 """Retries of an idempotent method (answered again, or recognised as a retry) when the actor died
 under it (``max_task_retries``); other methods fail with ``RayActorError`` for the caller to decide."""
-_KEY, _REASON = operator.attrgetter("key"), operator.attrgetter("reason")
+_KEY, _REASON, _SIZE = operator.attrgetter("key"), operator.attrgetter("reason"), operator.attrgetter("size")
 
 ANCHOR_GROUP = "anchor_index"
 """Ray concurrency group of the anchor-index lifecycle calls (one thread, off the event loop)."""
@@ -510,7 +510,7 @@ class Orchestrator(AnchorLifecycle):
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
         keys = self._call_keys(table.keys())
-        labels = [self._seen.get(k) if k is not None else None for k in keys]
+        labels = list(map(self._seen.get, keys))  # None for a new key (and for None: no key is None)
         fresh = [i for i, label in enumerate(labels) if label is None]
         todo = table.take(fresh) if len(fresh) < len(table) else table
         checked = None
@@ -532,15 +532,17 @@ class Orchestrator(AnchorLifecycle):
     @staticmethod
     def _call_keys(keys: list[str | None]) -> list[str | None]:
         """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
-        if len(set(keys)) == len(keys):  # no key repeats (the usual case): the keys as they are
+        counts = Counter(keys)
+        if len(counts) == len(keys):  # no key repeats (the usual case): the keys as they are
             return keys
+        repeated = {k for k, c in counts.items() if c > 1 and k is not None}
         occurrences: dict[str, int] = defaultdict(int)
-        out = []
-        for k in keys:
-            if k is not None:
-                occurrences[k] += 1
-                k = k if occurrences[k] == 1 else f"{k}#{occurrences[k] - 1}"
-            out.append(k)
+        out = list(keys)
+        for i in [i for i, k in enumerate(keys) if k in repeated]:  # only the repeated keys are renamed
+            k = keys[i]
+            occurrences[k] += 1
+            if occurrences[k] > 1:
+                out[i] = f"{k}#{occurrences[k] - 1}"
         return out
 
     async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
@@ -561,7 +563,7 @@ class Orchestrator(AnchorLifecycle):
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
-            uncommitted += sum(g.size for g in part_groups)
+            uncommitted += sum(map(_SIZE, part_groups))
             if i == count - 1:  # the caller waits for it outside the lock (commits.durable)
                 self.commits.changed()
                 self._observe()

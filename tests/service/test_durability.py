@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from algos.dapo import InvalidGroupError
-from orchestrator.core.types import Experience, ExperienceId, Group, unpack_groups
+from orchestrator.core.types import Experience, ExperienceId, Group, GroupTable, unpack_groups
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import Orchestrator
 from orchestrator.service.sink import SQLiteSink
@@ -57,6 +57,17 @@ def test_a_task_twice_in_one_round_is_two_groups(tmp_path):
     assert o.get_stats().groups_submitted == 2
     run(o.submit_groups([group("t0"), group("t0", WRONG)]))  # the same call again: a retry
     assert o.get_stats().groups_submitted == 2
+
+
+def test_a_task_three_times_in_one_table_is_three_groups_and_a_retry_adds_none(tmp_path):
+    o = orch(tmp_path)
+    table = lambda: GroupTable(["t0", "t1", "t0", "t0"], ["r0"] * 4, ["a", "b", "c", "d"],  # noqa: E731
+                               np.tile(np.arange(2), (4, 1)), np.array([MIXED, WRONG, WRONG, MIXED]), np.zeros((4, 2), dtype=np.int64))
+    first = run(o.submit_groups(table()))
+    assert first.tolist() == ["informative", "all_wrong", "all_wrong", "informative"]
+    assert o.get_stats().groups_submitted == 4
+    again = run(o.submit_groups(table()))  # the same call again: a retry, each row recognised by its own key
+    assert again.tolist() == first.tolist() and o.get_stats().groups_submitted == 4
 
 
 def test_ready_batches_and_held_groups_survive_a_restart(tmp_path):
