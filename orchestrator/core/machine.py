@@ -1066,7 +1066,7 @@ class OrchestratorCore:
         touched, self._touched = self._touched, []
         if touched is None:
             return None
-        return np.unique(np.concatenate(touched)).astype(np.int64) if touched else np.empty(0, dtype=np.int64)
+        return np.unique(np.concatenate(touched)).astype(np.int64, copy=False) if touched else np.empty(0, dtype=np.int64)
 
     def state(self, payloads: bool = False) -> dict:
         """Everything needed to resume, its per-task columns as (T,) numpy arrays.
