@@ -10,10 +10,12 @@ concurrent callers (threads of this driver, each its own sequence of calls), aga
 same core in this process without Ray or checkpoint (the reference, ratio 1), best of
 ``--repeats``. Targets: 20k groups/s from one caller, 50k from 16.
 
-The transport's own ceiling is measured too: an echo actor that takes the same calls and
-answers each with what the orchestrator answers it (the labels, and as many batches of the
-same size as the core released on that call), doing nothing else. No orchestrator through
-Ray can be faster than it.
+Two ceilings are measured too. The actor's own: its class in this process, without Ray, fed
+by one coroutine per caller (each call's table unpickled, as Ray hands it over). The
+transport's: an echo actor that takes the same calls and answers each with what the
+orchestrator answers it (the labels, and as many batches of the same size as the core
+released on that call), doing nothing else. No orchestrator through Ray can be faster than
+either.
 
 Other processes on the machine inflate the seconds; the ratios are measured side by side.
 
@@ -23,7 +25,9 @@ Other processes on the machine inflate the seconds; the ratios are measured side
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import pickle
 import tempfile
 import time
 import uuid
@@ -38,7 +42,7 @@ import ray
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Batch, GroupTable
-from orchestrator.service.actor import get_or_create_orchestrator
+from orchestrator.service.actor import Orchestrator, get_or_create_orchestrator
 from orchestrator.tasks.taskset import IndexTaskSet
 
 
@@ -133,6 +137,30 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]]
     return timed_callers(actor, caller, per_caller)
 
 
+def body_in_process(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]], ckpt_dir: str) -> float:
+    """Seconds for the actor's own class (:class:`Orchestrator`, state file on) in this process,
+    without Ray: one coroutine per caller, each call's table unpickled from bytes as Ray would
+    hand it over. What the actor costs without the transport: the ceiling of any Ray route."""
+    blobs = [[pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in calls] for calls in per_caller]
+    warm = make_calls(1, len(per_caller[0][0]), per_caller[0][0].runs.shape[1], num_tasks, seed=1)[0]
+    warm.round_tags = ["warm-up"] * len(warm)
+
+    async def run() -> float:
+        body = Orchestrator(policy, IndexTaskSet.of_size(num_tasks),
+                            checkpoint_path=os.path.join(ckpt_dir, f"body-{uuid.uuid4().hex[:8]}.db"))
+        await body.submit_and_pop(warm, on_invalid="drop")
+
+        async def caller(calls: list[bytes]) -> None:
+            for blob in calls:
+                await body.submit_and_pop(pickle.loads(blob), on_invalid="drop", call_id=uuid.uuid4().hex)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*map(caller, blobs))
+        return time.perf_counter() - t0
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=256, help="calls per measurement (split over the callers)")
@@ -156,6 +184,8 @@ def main() -> None:
                               [answered[i :: args.callers] for i in range(args.callers)])):
         rows.append((name, min(echo(per_caller, first) for _ in range(args.repeats)), None))
     with tempfile.TemporaryDirectory() as ckpt:
+        rows.append((f"actor class in process (no Ray), {args.callers} callers",
+                     min(body_in_process(policy, args.tasks, split, ckpt) for _ in range(args.repeats)), None))
         for pattern in ("submit_and_pop", "submit_groups + pop_batch"):
             for name, per_caller, target in ((f"{pattern}, 1 caller", [calls], 20_000),
                                              (f"{pattern}, {args.callers} callers", split, 50_000)):
