@@ -115,6 +115,8 @@ class Group:
                 self.key, self.ref, self.size)
 
 
+_KEY_FIELD = 7
+"""Where ``key`` is in :meth:`Group._fields`."""
 _COLUMNS = ("rewards", "values", "valid", "versions")
 _COLUMN_GETTERS = tuple((name, operator.attrgetter(name)) for name in _COLUMNS)
 
@@ -151,6 +153,12 @@ def pack_groups(groups: list[Group]) -> tuple:
         else:
             cols.append(col)
     return fields, tuple(cols)
+
+
+def packed_keys(packed: tuple) -> list[str]:
+    """The ``key`` of each group :func:`pack_groups` packed, in order, without unpacking them."""
+    fields = packed[0] if packed else ()
+    return list(fields[_KEY_FIELD]) if fields else []
 
 
 def narrow(col: np.ndarray) -> np.ndarray:

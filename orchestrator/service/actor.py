@@ -270,7 +270,7 @@ class Orchestrator(AnchorLifecycle):
         small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
         hold = [g for k, g in held.items() if k not in self._stored]
         change = Change(
-            small, columns, seen=seen, hold_keys=list(map(_KEY, hold)), hold=pack_groups(hold),  # packed now, as staged
+            small, columns, seen=seen, hold=pack_groups(hold),  # packed now, as staged
             release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,
         )
 

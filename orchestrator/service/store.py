@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.core.types import Batch, Group, unpack_groups
+from orchestrator.core.types import Batch, Group, packed_keys, unpack_groups
 from orchestrator.service.sink import SQLiteSink
 
 _SCHEMA = """
@@ -146,10 +146,10 @@ class Change:
         state: the whole new small state (replaces the saved one), without its per-task columns.
         columns: what changed in the per-task columns (:meth:`StateStore.stage`).
         seen: new group keys and their filter labels.
-        hold_keys: keys of the groups that became held (payload written once).
-        hold: those groups as :func:`~orchestrator.core.types.pack_groups` packed them, on the
-            thread that changes them, before it changes them again (the commit may be written
-            in another thread meanwhile).
+        hold: the groups that became held (payload written once), as
+            :func:`~orchestrator.core.types.pack_groups` packed them, on the thread that
+            changes them, before it changes them again (the commit may be written in another
+            thread meanwhile); their keys are read from it (:func:`~orchestrator.core.types.packed_keys`).
         release: keys of groups that left the held set (payload cleared).
         batches: batches emitted by this change (into the sink, when it shares the file,
             and into the ready queue unless ``handed``).
@@ -161,7 +161,6 @@ class Change:
     state: dict
     columns: ColumnWrites
     seen: dict[str, str] = field(default_factory=dict)
-    hold_keys: list[str] = field(default_factory=list)
     hold: tuple = ()
     release: list[str] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
@@ -292,6 +291,7 @@ class StateStore:
         cleared = [s for s, n in freed.items() if self._live[s] == n]
         legacy = [k for k in change.release if k in self._legacy]
         forget = self._forget(len(change.seen))
+        hold_keys = packed_keys(change.hold)
         with db:
             db.execute("BEGIN IMMEDIATE")
             for name, col in change.columns.whole.items():
@@ -299,10 +299,10 @@ class StateStore:
                 db.execute("DELETE FROM dso_column_changes WHERE name = ?", (name,))
             db.executemany("INSERT INTO dso_column_changes VALUES (?, ?, ?, ?)",
                            ((seq, name, idx.tobytes(), vals.tobytes()) for name, (idx, vals) in change.columns.rows.items()))
-            if change.seen or change.hold_keys:
+            if change.seen or hold_keys:
                 db.execute("INSERT INTO dso_log VALUES (?, ?, ?)", (
                     seq, dump((list(change.seen), list(change.seen.values()))) if change.seen else None,
-                    dump(change.hold) if change.hold_keys else None,
+                    dump(change.hold) if hold_keys else None,
                 ))
             db.executemany("UPDATE dso_log SET held = NULL WHERE seq = ?", ((s,) for s in cleared))
             db.executemany("UPDATE dso_log SET seen = NULL WHERE seq = ?", ((s,) for s in forget))
@@ -338,10 +338,10 @@ class StateStore:
         if change.seen:
             self._key_rows.append((seq, len(change.seen)))
             self._kept_keys += len(change.seen)
-        for k in change.hold_keys:
+        for k in hold_keys:
             self._chunk_of[k] = seq
-        if change.hold_keys:
-            self._live[seq] = len(change.hold_keys)
+        if hold_keys:
+            self._live[seq] = len(hold_keys)
         if change.batches and self.sink is not None:
             self.sink.wal_checkpoint()
         return self.seq

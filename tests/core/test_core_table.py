@@ -20,6 +20,7 @@ from orchestrator.core.types import (
     UnknownTaskError,
     narrow,
     pack_groups,
+    packed_keys,
     unpack_groups,
 )
 
@@ -184,6 +185,12 @@ def test_packed_groups_of_mixed_widths_and_missing_columns_come_back_equal():
               Group("t2", reason="informative", key="k")]
     back = unpack_groups(pickle.loads(pickle.dumps(pack_groups(groups))))
     assert all(same_group(a, b) for a, b in zip(groups, back, strict=True)) and unpack_groups(pack_groups([])) == []
+
+
+def test_packed_keys_are_the_groups_keys_in_order():
+    groups = [Group("t0", key="b"), Group("t1", key="a"), Group("t0", key="c")]
+    assert packed_keys(pack_groups(groups)) == ["b", "a", "c"]
+    assert packed_keys(pack_groups([])) == [] and packed_keys(()) == []
 
 
 def test_a_batch_of_256_groups_of_16_pickles_under_rays_inline_limit():
