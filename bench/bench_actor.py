@@ -113,6 +113,14 @@ def timed_callers(actor: ray.actor.ActorHandle, caller: Any, per_caller: list[li
         ray.kill(actor)
 
 
+def warm_up_call(per_caller: list[list[GroupTable]], num_tasks: int) -> GroupTable:
+    """The untimed first call: a table shaped like the timed ones, under its own round tag (not a
+    retry of a timed call)."""
+    warm = make_calls(1, len(per_caller[0][0]), per_caller[0][0].runs.shape[1], num_tasks, seed=1)[0]
+    warm.round_tags = ["warm-up"] * len(warm)
+    return warm
+
+
 def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]], ckpt_dir: str, pattern: str) -> float:
     name = f"dso-ingest-{uuid.uuid4().hex[:8]}"
     actor = get_or_create_orchestrator(
@@ -121,9 +129,7 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]]
     )
     # one call before the clock starts, as for the echo actor: the first commit writes every
     # per-task column whole (seconds with 1,000,000 tasks), later ones only the rows that changed
-    warm = make_calls(1, len(per_caller[0][0]), per_caller[0][0].runs.shape[1], num_tasks, seed=1)[0]
-    warm.round_tags = ["warm-up"] * len(warm)  # not a retry of a timed call
-    ray.get(actor.submit_and_pop.remote(warm, on_invalid="drop"))
+    ray.get(actor.submit_and_pop.remote(warm_up_call(per_caller, num_tasks), on_invalid="drop"))
 
     def caller(calls):
         for groups in calls:
@@ -142,8 +148,7 @@ def body_in_process(policy: dict, num_tasks: int, per_caller: list[list[GroupTab
     without Ray: one coroutine per caller, each call's table unpickled from bytes as Ray would
     hand it over. What the actor costs without the transport: the ceiling of any Ray route."""
     blobs = [[pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL) for t in calls] for calls in per_caller]
-    warm = make_calls(1, len(per_caller[0][0]), per_caller[0][0].runs.shape[1], num_tasks, seed=1)[0]
-    warm.round_tags = ["warm-up"] * len(warm)
+    warm = warm_up_call(per_caller, num_tasks)
 
     async def run() -> float:
         body = Orchestrator(policy, IndexTaskSet.of_size(num_tasks),
