@@ -3,7 +3,8 @@
 Callers send calls of ``--call-groups`` groups of ``--n`` rollouts, each one
 :class:`~orchestrator.core.types.GroupTable` as the Trinity operator sends them (rewards +-1,
 about half the groups informative), and take every released batch; the actor commits every
-call to its state file (``checkpoint_path`` set) before it answers. Two call patterns:
+call to its state file (``checkpoint_path`` set) before it answers, and keeps its Prometheus
+metrics (``DSOMetrics``), as the Trinity route deploys it. Two call patterns:
 ``submit_and_pop`` (the operator's: one call per step), and ``submit_groups`` then
 ``pop_batch`` until None. Reported: groups per second from one caller and from ``--callers``
 concurrent callers (threads of this driver, each its own sequence of calls), against the
@@ -43,6 +44,7 @@ from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Batch, GroupTable
 from orchestrator.service.actor import Orchestrator, get_or_create_orchestrator
+from orchestrator.service.metrics import DSOMetrics
 from orchestrator.tasks.taskset import IndexTaskSet
 
 
@@ -125,7 +127,7 @@ def through_ray(policy: dict, num_tasks: int, per_caller: list[list[GroupTable]]
     name = f"dso-ingest-{uuid.uuid4().hex[:8]}"
     actor = get_or_create_orchestrator(
         policy, IndexTaskSet.of_size(num_tasks), name=name, namespace="trinity-dso",
-        checkpoint_path=os.path.join(ckpt_dir, f"{name}.db"),
+        checkpoint_path=os.path.join(ckpt_dir, f"{name}.db"), metrics=DSOMetrics(),
     )
     # one call before the clock starts, as for the echo actor: the first commit writes every
     # per-task column whole (seconds with 1,000,000 tasks), later ones only the rows that changed
@@ -152,7 +154,7 @@ def body_in_process(policy: dict, num_tasks: int, per_caller: list[list[GroupTab
 
     async def run() -> float:
         body = Orchestrator(policy, IndexTaskSet.of_size(num_tasks),
-                            checkpoint_path=os.path.join(ckpt_dir, f"body-{uuid.uuid4().hex[:8]}.db"))
+                            checkpoint_path=os.path.join(ckpt_dir, f"body-{uuid.uuid4().hex[:8]}.db"), metrics=DSOMetrics())
         await body.submit_and_pop(warm, on_invalid="drop")
 
         async def caller(calls: list[bytes]) -> None:

@@ -9,8 +9,9 @@ faster), best of ``--repeats``:
   query). Same arguments (gamma 0.95, F_norm std).
 * **GRPO** on 4096 groups x 16 single-turn experiences: Trinity's ``grpo`` against ``dso_grpo``.
 * **DAPO pipeline** on the same 4096 x 16: Trinity's ``dapo_dynamic_sampling`` filter plus
-  ``grpo`` (the reference) against ``OrchestratorOperator`` (the real Ray actor: submit the
-  groups, pop every released batch, expand back to experiences) plus ``dso_grpo``.
+  ``grpo`` (the reference) against ``OrchestratorOperator`` (the real Ray actor, as the
+  Trinity route deploys it: a state file and Prometheus metrics; submit the groups, pop every
+  released batch, expand back to experiences) plus ``dso_grpo``.
 * a write-back check: every variant's token advantages against the reference's (max |diff|;
   GiGPO variants differ from Trinity's by design where tasks share a state text, so the
   GiGPO check is against ``dso_gigpo``).
@@ -27,6 +28,7 @@ import asyncio
 import gc
 import math
 import os
+import tempfile
 import time
 import uuid
 
@@ -162,6 +164,7 @@ def bench_dapo(args, exps) -> None:
     import ray
 
     from orchestrator.service.actor import get_or_create_orchestrator
+    from orchestrator.service.metrics import DSOMetrics
     from orchestrator.tasks.taskset import IndexTaskSet
     from orchestrator.trinity.operator import OrchestratorOperator
 
@@ -176,10 +179,14 @@ def bench_dapo(args, exps) -> None:
     dso_grpo = DsoGRPOAdvantageFn()
     policy = {"group_size": args.n, "target_groups": args.target_groups}
     handles = []
+    state_dir = tempfile.TemporaryDirectory()
 
     def ours():
         name = f"dso-bench-{uuid.uuid4().hex[:8]}"  # a fresh actor per repeat: same decisions each time
-        handles.append(get_or_create_orchestrator(policy, IndexTaskSet.of_size(args.groups), name=name, namespace="trinity-dso"))
+        handles.append(get_or_create_orchestrator(
+            policy, IndexTaskSet.of_size(args.groups), name=name, namespace="trinity-dso",
+            checkpoint_path=os.path.join(state_dir.name, f"{name}.db"), metrics=DSOMetrics(),
+        ))
         ray.get(handles[-1].ping.remote())
         op = OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy)
         t0 = time.perf_counter()
@@ -195,6 +202,7 @@ def bench_dapo(args, exps) -> None:
     finally:
         for h in handles:
             ray.kill(h)
+        state_dir.cleanup()
     print(f"\n  (reference keeps {len(ref_out)} experiences; the operator releases {len(out)} in batches of "
           f"{args.target_groups} groups, the rest held as carry-over)")
     table(f"DAPO pipeline: {args.groups} groups x {args.n}, real Ray actor",

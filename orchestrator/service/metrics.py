@@ -111,10 +111,13 @@ actor was given, or a default one created on first use).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from algos.dapo import GroupReason
 from orchestrator.core.machine import rollout_lags
@@ -218,6 +221,52 @@ class OptionalGauges:
             yield fam
 
 
+class ArrayHistogram:
+    """A histogram fed a whole array per call (a prometheus-client custom collector).
+
+    prometheus-client's ``Histogram.observe`` takes one value per call, under a lock, with
+    its bucket found in Python (measured: 5.6 ms for the 4,096 rollout lags of a batch of 256
+    groups of 16, more than the orchestrator's whole work on the call that released it).
+    :meth:`observe_many` bins an array at once: ``np.searchsorted(bounds, values, "left")``
+    puts a value equal to a bound in that bound's bucket, as Prometheus' ``le`` (less than or
+    equal) does, and ``np.bincount`` counts each bucket. :meth:`collect` exposes what
+    ``Histogram`` exposes (cumulative ``_bucket{le}`` with ``+Inf``, ``_count``, ``_sum``),
+    except its ``_created`` timestamp.
+
+    Args:
+        name, documentation: the family's name (without ``_bucket``) and its HELP text.
+        buckets: the upper bounds, increasing (``+Inf`` is added).
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]):
+        self.name, self.documentation = name, documentation
+        self.bounds = np.asarray([float(b) for b in buckets], dtype=np.float64)
+        if self.bounds.size == 0 or (np.diff(self.bounds) <= 0).any():
+            raise ValueError(f"buckets: expected increasing bounds, got {list(buckets)}")
+        self.counts = np.zeros(self.bounds.size + 1, dtype=np.int64)  # the last: above every bound (+Inf)
+        self.total = 0.0
+        self._lock = threading.Lock()  # the anchor hooks may observe from a worker thread
+
+    def observe_many(self, values: Any) -> None:
+        """Count every value of ``values`` (array-like of numbers; NaN counts in ``+Inf`` only, as in ``Histogram``)."""
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        if v.size == 0:
+            return
+        counts = np.bincount(np.searchsorted(self.bounds, v, side="left"), minlength=self.counts.size)
+        with self._lock:
+            self.counts += counts
+            self.total += float(v.sum())
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        with self._lock:
+            cumulative, total = self.counts.cumsum().tolist(), self.total
+        les = [*map(floatToGoString, self.bounds.tolist()), "+Inf"]
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=list(zip(les, cumulative)), sum_value=total)
+
+
 class DSOMetrics:
     """The orchestrator's metrics (the ``metrics=`` hook of :class:`orchestrator.service.actor.Orchestrator`).
 
@@ -280,7 +329,7 @@ class DSOMetrics:
             "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
             "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),
             "rollouts_masked": Counter(f"{p}_rollouts_masked", "Rollouts masked (invalid or stale members): zero loss weight, out of the baseline.", registry=r),
-            "staleness": Histogram(f"{p}_rollout_staleness_lag_versions", "Staleness lag of each trained rollout when its batch was assembled, in model versions.", buckets=LAG_BUCKETS, registry=r),
+            "staleness": ArrayHistogram(f"{p}_rollout_staleness_lag_versions", "Staleness lag of each trained rollout when its batch was assembled, in model versions.", LAG_BUCKETS),
             "exhausted": Gauge(f"{p}_data_exhausted", "1 once max_epochs or max_rollouts allow no further round, else 0.", registry=r),
             "predicted_keep_rate": Gauge(f"{p}_predicted_keep_rate", "Laplace-smoothed keep rate that sizes the next round (0..1).", registry=r),
             "round_groups": Counter(f"{p}_round_groups", "Groups of completed rounds (planned by the orchestrator and submitted).", registry=r),
@@ -302,7 +351,7 @@ class DSOMetrics:
             "policy_info": Info(f"{p}_resampling_policy", "Current resampling policy settings.", registry=r),
             "model_version": Gauge(f"{p}_model_version", "Newest model weights version (model version) seen by the orchestrator.", registry=r),
             "anchor_entries": Gauge(f"{p}_anchor_index_entries", "Anchor states held by the anchor-state index.", registry=r),
-            "anchor_sizes": Histogram(f"{p}_anchor_group_size", "Size (steps) of each anchor-state group formed.", buckets=ANCHOR_SIZE_BUCKETS, registry=r),
+            "anchor_sizes": ArrayHistogram(f"{p}_anchor_group_size", "Size (steps) of each anchor-state group formed.", ANCHOR_SIZE_BUCKETS),
             "redis_seconds": Histogram(f"{p}_redis_op_duration_seconds", "Latency of Redis operations of the anchor index, in seconds.", ["op"], buckets=REDIS_SECONDS_BUCKETS, registry=r),
             "redis_errors": Counter(f"{p}_redis_op_errors", "Failed Redis operations of the anchor index.", ["op"], registry=r),
             "anchor_outages": Counter(f"{p}_anchor_index_outages", "Outages of the Redis anchor index seen by the orchestrator's health check (up -> down).", registry=r),
@@ -313,7 +362,8 @@ class DSOMetrics:
             m["groups_dropped"].labels(reason=v)
         for v in PURPOSES:
             m["rollouts"].labels(purpose=v)
-        r.register(m["optional"])
+        for name in ("optional", "staleness", "anchor_sizes"):
+            r.register(m[name])
         for v in KEEP_KINDS:
             m["round_informative"].labels(kind=v)
         for v in REDIS_OPS:
@@ -400,8 +450,7 @@ class DSOMetrics:
         """Record one emitted batch: its replenish rounds and its fill time (seconds)."""
         m = self._ensure()
         m["batch_rounds"].observe(batch.rounds)
-        for lag in rollout_lags(batch):
-            m["staleness"].observe(lag)
+        m["staleness"].observe_many(rollout_lags(batch))
         m["batch_fill"].observe(max(0.0, float(batch.fill_seconds)))
 
     # -------------------------------------------------------------- anchor index hooks
@@ -438,9 +487,7 @@ class DSOMetrics:
 
     def observe_anchor_group_sizes(self, sizes: Iterable[int]) -> None:
         """Sizes (steps per group) of anchor groups just formed; call once per group formed."""
-        h = self._ensure()["anchor_sizes"]
-        for s in sizes:
-            h.observe(float(s))
+        self._ensure()["anchor_sizes"].observe_many(list(sizes))
 
     # -------------------------------------------------------------- exposition
     def exposition(self) -> str:

@@ -215,7 +215,7 @@ def test_stale_member_masked_by_policy():
     # lags 0, 0, 2 -> member 2 masked; 1 and -1 remain (still informative)
     c, g, batch = _carried([3, 3, 1], 3, max_staleness=1, stale_members="mask")
     assert batch is not None and g.rollouts[2].info["dso_masked"] == "stale"
-    assert rollout_lags(batch) == [0, 0]
+    assert rollout_lags(batch).tolist() == [0, 0]
 
 
 def test_stale_masking_flags_copies_and_leaves_the_held_rollouts_as_accepted():
@@ -255,7 +255,7 @@ def test_lags_measured_against_the_version_at_assembly():
     c.submit([group("t0", [1.0, -1.0], versions=[0, 1])])
     c.set_model_version(4)
     batch = c.try_emit()
-    assert batch.model_version == 4 and rollout_lags(batch) == [4, 3]
+    assert batch.model_version == 4 and rollout_lags(batch).tolist() == [4, 3]
 
 
 # ---------------------------------------------------------------- end of data

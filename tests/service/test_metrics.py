@@ -183,6 +183,38 @@ def test_round_keep_rates_predicted_against_realised_and_dropped_share():
     assert value(s, "dso_rollouts_dropped_ratio") == 0.5  # 4 wasted of 8
 
 
+def test_array_histogram_counts_each_value_in_its_le_bucket():
+    # bounds 0, 1, 2, 4: 0 -> le 0; 1, 1 -> le 1; 2 -> le 2; 3 -> le 4; 40 -> +Inf only
+    h = M.ArrayHistogram("x_lag", "doc", (0, 1, 2, 4))
+    h.observe_many([1, 0, 40, 2, 1])
+    h.observe_many([3])
+    h.observe_many([])
+    fam = next(h.collect())
+    got = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
+    assert [got[("x_lag_bucket", le)] for le in ("0.0", "1.0", "2.0", "4.0", "+Inf")] == [1, 3, 4, 5, 6]
+    assert got[("x_lag_count", None)] == 6 and got[("x_lag_sum", None)] == 47
+
+
+def test_array_histogram_exposes_what_prometheus_clients_histogram_exposes():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    values = [0, 0, 1, 2, 2, 3, 5, 7, 8, 9, 17, 33, 100, 0.5]
+    mine, theirs = CollectorRegistry(), CollectorRegistry()
+    h = M.ArrayHistogram("dso_lag", "Lag.", M.LAG_BUCKETS)
+    mine.register(h)
+    ref = Histogram("dso_lag", "Lag.", buckets=M.LAG_BUCKETS, registry=theirs)
+    h.observe_many(values)
+    for v in values:
+        ref.observe(v)
+    reference = {k: v for k, v in samples(generate_latest(theirs).decode()).items() if not k[0].endswith("_created")}
+    assert samples(generate_latest(mine).decode()) == reference
+
+
+def test_array_histogram_refuses_bounds_out_of_order():
+    with pytest.raises(ValueError, match="buckets"):
+        M.ArrayHistogram("x", "doc", (1, 1, 2))
+
+
 def test_a_snapshot_going_backwards_never_decreases_a_counter():
     m = DSOMetrics()
     m.update(snapshot(batches_emitted=5))
