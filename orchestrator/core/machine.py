@@ -65,6 +65,7 @@ from orchestrator.core.errors import short_repr
 from orchestrator.core.history import TaskHistory
 from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.rows import GroupRows
 from orchestrator.core.selection import EpochSelection, InformativeSelection, SelectionContext, TaskSelection
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats
 from orchestrator.core.table import CheckedTable, check_table, table_error
@@ -74,8 +75,7 @@ from orchestrator.core.validate import MAX_INT32, check_group
 log = logging.getLogger("trinity_dso.core")
 
 _LABELS = {int(r): r.label for r in GroupReason}
-_SIZE = operator.attrgetter("size")
-_REASON = operator.attrgetter("reason")
+_consume = collections.deque(maxlen=0).extend
 _TASK = operator.attrgetter("task_id")
 
 ROUNDS_KEPT = 256
@@ -97,14 +97,11 @@ def rollout_lags(batch: Batch) -> np.ndarray:
 
     ``lag = batch.model_version - rollout model version`` (see the module docstring).
     Returns:
-        (R,) int64, in group then run order: one concatenation of the groups' columns, not one
-        Python step per rollout (a batch of 256 groups of 16 has 4,096).
+        (R,) int64, in group then run order, from the batch's member columns at once.
     """
-    trained = [g for g in batch.groups if not g.padding]
-    if not trained:
-        return np.empty(0, dtype=np.int64)
-    versions = np.concatenate([g.versions for g in trained])
-    return batch.model_version - versions[np.concatenate([g.valid for g in trained])].astype(np.int64)
+    versions, valid, padding = batch.columns("versions", "valid", "padding")
+    trained = valid & ~padding[:, None]
+    return batch.model_version - versions[trained].astype(np.int64)
 
 
 def trajectory_rollouts(steps: list[Experience]) -> list[Experience]:
@@ -255,8 +252,8 @@ class OrchestratorCore:
         # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
         self.in_flight: list[str] = []
         self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
-        self.carry: list[Group] = []
-        self.candidates: list[Group] = []
+        self.carry = GroupRows.empty(policy.group_size)  # informative groups, oldest first
+        self.candidates = GroupRows.empty(policy.group_size)  # the open batch's dropped groups, for padding
         # counters (cumulative)
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)  # cumulative, see Stats
         self.classified_by_reason = {r.label: 0 for r in GroupReason}
@@ -396,7 +393,7 @@ class OrchestratorCore:
         self._drop_stale()
         if not self.carry:
             self._drop(self.candidates)
-            self.candidates = []
+            self.candidates = GroupRows.empty(self.policy.group_size)
             return None
         return self.close_at_cap()
 
@@ -719,15 +716,38 @@ class OrchestratorCore:
                 invalid.append((g, err))
                 continue
             self._fill_columns(g, values, valid)
-        return self._take(groups, invalid, new_round)
+        rnd, purpose = self._count_round(new_round)
+        self._came_back([g.task_id for g in groups if isinstance(g, Group)])
+        for g in groups:
+            if isinstance(g, Group):
+                g.purpose, g.round = purpose, rnd
+        bad = set()
+        for g, err in invalid:
+            log.warning("dropped invalid group of task %r: %s", g.task_id, err)
+            bad.add(id(g))
+            g.reason = GroupReason.INVALID.label
+            self._count_invalid(purpose, [g.size])
+        accepted = [g for g in groups if id(g) not in bad] if bad else groups
+        if accepted:
+            for g in accepted:
+                if not g.valid.all():  # flagged on copies: the submitter's rollouts stay as they were
+                    g.rollouts = flagged(g.rollouts, {"dso_masked": "invalid", "dso_loss_weight": 0.0},
+                                         lambda r, valid=g.valid: not valid[r.eid.run] and not r.info.get("dso_masked"))
+            idx = np.fromiter(map(self._index.__getitem__, map(_TASK, accepted)), np.int64, len(accepted))
+            rows = GroupRows.from_groups(accepted, idx)
+            self._accept(rows)
+            _consume(map(setattr, accepted, itertools.repeat("reason"), rows.reasons))
+        return groups
 
     def submit_table(self, table: GroupTable, on_invalid: str = "drop", new_round: bool = True,
-                     checked: CheckedTable | None = None) -> list[Group]:
+                     checked: CheckedTable | None = None, keys: list[str] | None = None) -> GroupRows:
         """:meth:`submit` of a :class:`GroupTable`: checked at once (:meth:`check_table`), no
-        per-rollout objects. Returns one group per row, in row order, ``reason`` set.
+        per-rollout objects and no :class:`Group` objects. Returns every row, in row order,
+        ``reason`` set (``invalid`` for a dropped one).
 
         ``checked``: what :meth:`check_table` returned for exactly this table under the current
-        policy (not checked again); None checks here.
+        policy (not checked again); None checks here. ``keys``: each row's storage key
+        (``Group.key``; the actor's identities), held with it.
 
         Raises:
             InvalidGroupError, UnknownTaskError: ``on_invalid="raise"`` and a row is invalid
@@ -736,18 +756,37 @@ class OrchestratorCore:
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
         checked = checked if checked is not None else self.check_table(table)
-        groups, errors = checked.groups, checked.errors
+        rows, errors = checked.rows, checked.errors
         if errors and on_invalid == "raise":
             raise table_error(errors)
-        return self._take(groups, [(groups[i], err) for i, err in errors.items()], new_round, checked)
+        if keys is not None:
+            if len(keys) != len(rows):
+                raise ValueError(f"keys: {len(keys)} keys for {len(rows)} rows")
+            rows.keys = list(keys)
+        if not len(rows):
+            return rows
+        rnd, purpose = self._count_round(new_round)
+        self._came_back(rows.task_ids)
+        num = len(rows)
+        rows.purposes, rows.rounds = [purpose] * num, [rnd] * num
+        if not errors:
+            self._accept(rows)
+            return rows
+        bad = np.zeros(num, dtype=bool)
+        bad[list(errors)] = True
+        for i in sorted(errors):
+            log.warning("dropped invalid group of task %r: %s", rows.task_ids[i], errors[i])
+        self._count_invalid(purpose, [rows.sizes[i] for i in sorted(errors)])
+        accepted = rows.take(~bad)
+        if len(accepted):
+            self._accept(accepted)
+        labels = iter(accepted.reasons)
+        rows.reasons = [GroupReason.INVALID.label if b else next(labels) for b in bad.tolist()]
+        return rows
 
-    def _take(self, groups: list[Group], invalid: list[tuple[Group, Exception | str]], new_round: bool,
-              checked: CheckedTable | None = None) -> list[Group]:
-        """Count one submission as a round, drop the invalid groups, accept the others (columns
-        set; ``checked``: the table they are the rows of, whose arrays are used as they are)."""
-        if not groups:
-            return []
-        # one submission = one round of the open batch, whoever planned it
+    def _count_round(self, new_round: bool) -> tuple[int, Purpose]:
+        """Count one submission as a round of the open batch, whoever planned it: its round
+        number and purpose (``new_round=False``: the round of the previous submission)."""
         if new_round or self.rounds_submitted == 0:
             rnd = self.rounds_submitted
             self.rounds_submitted += 1
@@ -755,61 +794,37 @@ class OrchestratorCore:
                 self.counters["replenish_rounds"] += 1
         else:
             rnd = self.rounds_submitted - 1
-        purpose: Purpose = "initial" if rnd == 0 else "replenish"
+        return rnd, "initial" if rnd == 0 else "replenish"
+
+    def _came_back(self, task_ids: list) -> None:
+        """Tasks whose groups were submitted are no longer in flight."""
         if self.in_flight:
-            back = {g.task_id for g in groups if isinstance(g, Group) and isinstance(g.task_id, str)}
+            back = {t for t in task_ids if isinstance(t, str)}
             self.in_flight = [t for t in self.in_flight if t not in back]
-        for g in groups:
-            if isinstance(g, Group):
-                g.purpose, g.round = purpose, rnd
-        c = self.counters
-        bad = set()
-        for g, err in invalid:
-            log.warning("dropped invalid group of task %r: %s", g.task_id, err)
-            bad.add(id(g))
-            g.reason = GroupReason.INVALID.label
-            c["groups_submitted"] += 1
-            c["rollouts_initial" if g.purpose == "initial" else "rollouts_replenish"] += g.size
-            self.window["rollouts"] += g.size
-            self.classified_by_reason[g.reason] += 1
-            self._drop([g])
-        accepted = [g for g in groups if id(g) not in bad] if bad else groups
-        cols = None
-        if checked is not None:  # the accepted rows of its arrays (all of them without errors)
-            ok = np.ones(len(groups), dtype=bool)
-            ok[list(checked.errors)] = False
-            cols = tuple(a[ok] if checked.errors else a for a in checked[2:])
-        if accepted:
-            self._accept(accepted, cols)
-        return groups
 
-    def _accept(self, groups: list[Group], cols: tuple | None = None) -> None:
-        """Classify checked groups on their member columns and hold them (carry pool or candidates).
+    def _count_invalid(self, purpose: Purpose, sizes: list[int]) -> None:
+        """Count groups dropped as invalid on submit (of ``sizes`` rollouts each)."""
+        c, label, size = self.counters, GroupReason.INVALID.label, sum(sizes)
+        c["groups_submitted"] += len(sizes)
+        c["rollouts_initial" if purpose == "initial" else "rollouts_replenish"] += size
+        self.window["rollouts"] += size
+        self.classified_by_reason[label] += len(sizes)
+        self._count_dropped(size, collections.Counter({label: len(sizes)}))
 
-        ``cols``: (task index (G,), rewards, values, valid, versions (G, n)) of exactly these
-        groups, as :func:`~orchestrator.core.table.check_table` computed them; None reads them
-        off the groups. All groups of one call share ``purpose`` (set by :meth:`_take`).
-        """
+    def _accept(self, rows: GroupRows) -> None:
+        """Classify checked groups on their member columns and hold them (carry pool or
+        candidates); sets ``rows.reasons``. All rows of one call share ``purpose``."""
         f = self.policy.filter
-        if cols is None:
-            rows = lambda name: np.concatenate([getattr(g, name) for g in groups]).reshape(len(groups), -1)  # noqa: E731
-            idx = np.fromiter(map(self._index.__getitem__, (g.task_id for g in groups)), np.int64, len(groups))
-            raw, values, valid, all_versions = rows("rewards"), rows("values"), rows("valid"), rows("versions")  # (G, n): by run
-        else:
-            idx, raw, values, valid, all_versions = cols
+        idx, raw, values, valid, all_versions = rows.task_index, rows.rewards, rows.values, rows.valid, rows.versions
         rewards = np.where(valid, raw, 0.0)
-        for g in groups if cols is None else ():  # a table's rows carry no rollouts
-            if not g.valid.all():  # flagged on copies: the submitter's rollouts stay as they were
-                g.rollouts = flagged(g.rollouts, {"dso_masked": "invalid", "dso_loss_weight": 0.0},
-                                     lambda r, valid=g.valid: not valid[r.eid.run] and not r.info.get("dso_masked"))
         if f.enabled:
             keep, reasons = classify_groups(
                 values, std_tol=f.std_tol, correct_threshold=f.correct_threshold, wrong_threshold=f.wrong_threshold,
                 band=f.band, valid=valid,
             )
         else:
-            keep = np.ones(len(groups), dtype=bool)
-            reasons = np.full(len(groups), GroupReason.INFORMATIVE, dtype=np.int8)
+            keep = np.ones(len(rows), dtype=bool)
+            reasons = np.full(len(rows), GroupReason.INFORMATIVE, dtype=np.int8)
         versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
@@ -820,8 +835,8 @@ class OrchestratorCore:
         self._touch(idx)  # the history (skip rules included) and the pass-rate evidence
 
         c, w = self.counters, self.window
-        size = sum(map(_SIZE, groups))
-        c["groups_submitted"] += len(groups)
+        size = sum(rows.sizes)
+        c["groups_submitted"] += len(rows)
         c["groups_kept_classified"] += int(keep.sum())
         c["rollouts_masked"] += int(size - valid.sum())
         for sums in (c, w):
@@ -829,21 +844,25 @@ class OrchestratorCore:
             sums["reward_count_all"] += int(valid.sum())
             sums["reward_sum_kept"] += float(rewards[keep][valid[keep]].sum())
             sums["reward_count_kept"] += int(valid[keep].sum())
-        collections.deque(map(setattr, groups, itertools.repeat("reason"), map(_LABELS.__getitem__, reasons.tolist())), 0)
+        rows.reasons = list(map(_LABELS.__getitem__, reasons.tolist()))
         for code, count in enumerate(np.bincount(reasons, minlength=len(_LABELS)).tolist()):
             if count:
                 self.classified_by_reason[_LABELS[code]] += count
-        c["rollouts_initial" if groups[0].purpose == "initial" else "rollouts_replenish"] += size
+        c["rollouts_initial" if rows.purposes[0] == "initial" else "rollouts_replenish"] += size
         w["rollouts"] += size
         informative = reasons == GroupReason.INFORMATIVE
-        self.carry.extend(itertools.compress(groups, informative.tolist()))
-        dropped = list(itertools.compress(groups, (~informative).tolist()))
-        self.dropped_task_ids.extend(map(_TASK, dropped))
-        self.candidates.extend(dropped)
-        overflow = len(self.candidates) - self.policy.target_groups
+        if informative.all():
+            self.carry = GroupRows.concat(self.carry, rows)
+            return
+        self.carry = GroupRows.concat(self.carry, rows.take(informative))
+        dropped = rows.take(~informative)
+        self.dropped_task_ids.extend(dropped.task_ids)
+        candidates = GroupRows.concat(self.candidates, dropped)
+        overflow = len(candidates) - self.policy.target_groups
         if overflow > 0:
-            self._drop(self.candidates[:overflow])
-            del self.candidates[:overflow]
+            self._drop(candidates.take(slice(None, overflow)))
+            candidates = candidates.take(slice(overflow, None))
+        self.candidates = candidates
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
         p, h = self.policy, self.history
@@ -857,13 +876,15 @@ class OrchestratorCore:
         h.consec_all_correct[t] = 0
         h.consec_all_wrong[t] = 0
 
-    def _drop(self, groups: list[Group]) -> None:
-        """Count groups dropped, each under its own ``reason``, in one pass."""
-        if not groups:
-            return
-        self.counters["groups_dropped"] += len(groups)
-        self.counters["rollouts_wasted"] += sum(map(_SIZE, groups))
-        for reason, count in collections.Counter(map(_REASON, groups)).items():
+    def _drop(self, rows: GroupRows) -> None:
+        """Count held groups dropped, each under its own ``reason``, in one pass."""
+        if len(rows):
+            self._count_dropped(sum(rows.sizes), collections.Counter(rows.reasons))
+
+    def _count_dropped(self, rollouts: int, by_reason: collections.Counter) -> None:
+        self.counters["groups_dropped"] += sum(by_reason.values())
+        self.counters["rollouts_wasted"] += rollouts
+        for reason, count in by_reason.items():
             self.dropped_by_reason[reason] += count
 
     # ------------------------------------------------------------------ batches
@@ -874,26 +895,31 @@ class OrchestratorCore:
             return
         # every carried group at once (their columns have group_size members: set_policy refuses
         # to change it while groups are held); masked members no longer count
-        stale = np.stack([g.valid for g in self.carry]) & (self.model_version - np.stack([g.versions for g in self.carry]) > p.max_staleness)
+        carry = self.carry
+        stale = carry.valid & (self.model_version - carry.versions > p.max_staleness)
         hit = stale.any(axis=1)
         if not hit.any():
             return
-        fresh = []
-        for g, rows, h in zip(self.carry, stale, hit.tolist()):
-            if not h or (p.stale_members == "mask" and self._mask_stale(g, rows)):
-                fresh.append(g)
-                continue
-            g.reason = GroupReason.STALE.label
-            self._drop([g])
-            if p.requeue_stale:
-                self.requeue.append(g.task_id)
-        self.carry = fresh
+        keep = ~hit
+        valid = carry.valid.copy()  # never written in place: a commit may be pickling the old one
+        for i in np.flatnonzero(hit).tolist():
+            if p.stale_members == "mask" and (masked := self._mask_stale(carry, i, stale[i])) is not None:
+                valid[i] = masked
+                keep[i] = True
+        carry = carry.with_valid(valid)
+        dropped = carry.take(~keep)
+        dropped.reasons = [GroupReason.STALE.label] * len(dropped)
+        self._drop(dropped)
+        if p.requeue_stale:
+            self.requeue.extend(dropped.task_ids)
+        self.carry = carry.take(keep)
 
-    def _mask_stale(self, g: Group, stale: np.ndarray) -> bool:
-        """Mask a group's stale members if it stays usable (enough members, still informative)."""
-        values, valid = g.values, g.valid & ~stale
+    def _mask_stale(self, rows: GroupRows, i: int, stale: np.ndarray) -> np.ndarray | None:
+        """Mask the stale members of group ``i`` of ``rows`` if it stays usable (enough members,
+        still informative): its new (n,) valid flags (its rollouts flagged, on copies), else None."""
+        values, valid = rows.values[i], rows.valid[i] & ~stale
         if valid.sum() < self.policy.min_valid_group_size:
-            return False
+            return None
         f = self.policy.filter
         if f.enabled:
             keep, _ = classify_groups(
@@ -901,30 +927,31 @@ class OrchestratorCore:
                 wrong_threshold=f.wrong_threshold, band=f.band, valid=valid[None],
             )
             if not keep[0]:
-                return False
-        g.valid = valid
-        g.rollouts = flagged(g.rollouts, {"dso_masked": "stale", "dso_loss_weight": 0.0}, lambda r: stale[r.eid.run])
+                return None
+        if rows.rollouts[i]:
+            rows.rollouts[i] = flagged(rows.rollouts[i], {"dso_masked": "stale", "dso_loss_weight": 0.0}, lambda r: stale[r.eid.run])
         self.counters["rollouts_masked"] += int(stale.sum())
-        return True
+        return valid
 
-    def _release(self, groups: list[Group], padding: list[Group], partial: bool) -> Batch:
-        for g in padding:
-            g.padding = True
-            g.rollouts = flagged(g.rollouts, {"dso_padding": True, "dso_loss_weight": 0.0})
-        padded = set(map(id, padding))
-        self._drop([g for g in self.candidates if id(g) not in padded])
-        if groups:  # trained on next: their pass rates move, so their evidence counts less
-            trained = np.array([self._index[g.task_id] for g in groups], dtype=np.int64)
-            self.passrate.discount(trained, self.policy.passrate_trained_discount)
-            self._touch(trained)
+    def _release(self, groups: GroupRows, padding: int, partial: bool) -> Batch:
+        """Release ``groups`` and the last ``padding`` candidates (as padding) as the next batch;
+        the other candidates are dropped."""
+        cut = len(self.candidates) - padding
+        pad = self.candidates.take(slice(cut, None))
+        self._drop(self.candidates.take(slice(None, cut)))
+        if padding:
+            pad.padding = [True] * padding
+            pad.rollouts = [flagged(r, {"dso_padding": True, "dso_loss_weight": 0.0}) if r else r for r in pad.rollouts]
+        if len(groups):  # trained on next: their pass rates move, so their evidence counts less
+            self.passrate.discount(groups.task_index, self.policy.passrate_trained_discount)
+            self._touch(groups.task_index)
         c = self.counters
         c["groups_emitted"] += len(groups)
-        c["groups_padded"] += len(padding)
-        c["rollouts_wasted"] += sum(g.size for g in padding)
+        c["groups_padded"] += padding
+        c["rollouts_wasted"] += sum(pad.sizes)
         c["batches_emitted"] += 1
         c["batches_partial"] += int(partial)
-        trained = (np.concatenate([g.rewards for g in groups])[np.concatenate([g.valid for g in groups])].tolist()
-                   if groups else [])  # in group then run order: the same sum as group by group
+        trained = groups.rewards[groups.valid].tolist()  # in group then run order: the same sum as group by group
         c["reward_sum_trained"] += float(sum(trained))
         c["reward_count_trained"] += len(trained)
         w = self.window
@@ -940,12 +967,12 @@ class OrchestratorCore:
         self.window = self._new_window()
         rounds = max(0, self.rounds_submitted - 1)
         self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
-        batch = Batch(self.batch_id, groups + padding, partial=partial, rounds=rounds, model_version=self.model_version)
+        batch = Batch(self.batch_id, GroupRows.concat(groups, pad), partial=partial, rounds=rounds, model_version=self.model_version)
         self.batch_id += 1
         self.rounds_started = 0
         self.rounds_submitted = 0
         self.dropped_task_ids = []
-        self.candidates = []
+        self.candidates = GroupRows.empty(self.policy.group_size)
         return batch
 
     def try_emit(self) -> Batch | None:
@@ -957,8 +984,8 @@ class OrchestratorCore:
         k = self.policy.target_groups
         if len(self.carry) < k:
             return None
-        groups, self.carry = self.carry[:k], self.carry[k:]
-        return self._release(groups, [], partial=False)
+        groups, self.carry = self.carry.take(slice(None, k)), self.carry.take(slice(k, None))
+        return self._release(groups, 0, partial=False)
 
     def close_at_cap(self) -> Batch:
         """Close the open batch when the cap is reached, per ``policy.on_cap``.
@@ -970,19 +997,16 @@ class OrchestratorCore:
         """
         self._drop_stale()
         p = self.policy
-        kept = self.carry[: p.target_groups]
+        kept = self.carry.take(slice(None, p.target_groups))
         if p.on_cap == "raise":
             raise ReplenishCapError(
                 f"max_replenish_rounds: batch {self.batch_id} has {len(kept)} of {p.target_groups} informative "
                 f"groups after {max(0, self.rounds_submitted - 1)} replenish rounds (cap {p.max_replenish_rounds})"
             )
         self.counters["cap_hits"] += 1
-        self.carry = self.carry[len(kept) :]
-        padding: list[Group] = []
-        if p.on_cap == "pad":
-            need = p.target_groups - len(kept)
-            padding = self.candidates[len(self.candidates) - need :] if need else []
-        partial = len(kept) + len(padding) < p.target_groups
+        self.carry = self.carry.take(slice(len(kept), None))
+        padding = min(p.target_groups - len(kept), len(self.candidates)) if p.on_cap == "pad" else 0
+        partial = len(kept) + padding < p.target_groups
         return self._release(kept, padding, partial=partial)
 
     # ------------------------------------------------------------------ views
@@ -1050,8 +1074,9 @@ class OrchestratorCore:
 
     # ------------------------------------------------------------------ state
     def held_groups(self) -> list[Group]:
-        """The groups the core holds: the carry pool, then the open batch's padding candidates."""
-        return self.carry + self.candidates
+        """The groups the core holds: the carry pool, then the open batch's padding candidates
+        (made now from :attr:`carry` and :attr:`candidates`, the rows the core holds)."""
+        return self.carry.groups() + self.candidates.groups()
 
     def state_dict(self, payloads: bool = True) -> dict:
         """Everything needed to resume: JSON-serialisable (:meth:`state` with its arrays as lists)."""
@@ -1087,7 +1112,7 @@ class OrchestratorCore:
                 only their ``Group.key`` (the service stores the groups once, elsewhere, so the
                 state stays small whatever the groups hold, and stores the columns by change).
         """
-        held = (lambda gs: [group_to_dict(g) for g in gs]) if payloads else (lambda gs: [g.key for g in gs])
+        held = (lambda rows: [group_to_dict(g) for g in rows.groups()]) if payloads else (lambda rows: list(rows.keys))
         return {
             "version": 2,
             "policy": self.policy.model_dump(mode="json"),
@@ -1152,13 +1177,15 @@ class OrchestratorCore:
         self.requeued = list(state.get("requeued", []))
         self.dropped_task_ids = list(state["dropped_task_ids"])
 
-        def held(items: list) -> list[Group]:
+        def held(items: list) -> GroupRows:
             out = [groups[g] if isinstance(g, str) else group_from_dict(g) for g in items]
+            if not out:
+                return GroupRows.empty(self.policy.group_size)
             for g in out:  # saved before groups had member columns: judge their rollouts again
-                if isinstance(g, Group) and g.rewards is None and g.rollouts:
+                if g.rewards is None and g.rollouts:
                     values, valid, _ = self._judge_rows(g)
                     self._fill_columns(g, values, valid)
-            return out
+            return GroupRows.from_groups(out, np.array([self._index[g.task_id] for g in out], dtype=np.int64))
 
         self.carry = held(state["carry"])
         self.candidates = held(state["candidates"])

@@ -14,7 +14,8 @@ import numpy as np
 from algos.dapo import InvalidGroupError
 from orchestrator.core.errors import short_repr
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.types import Group, GroupTable, UnknownTaskError
+from orchestrator.core.rows import GroupRows
+from orchestrator.core.types import GroupTable, UnknownTaskError
 from orchestrator.core.validate import MAX_INT32
 
 
@@ -25,23 +26,14 @@ def table_error(errors: dict[int, str]) -> Exception:
 
 
 class CheckedTable(NamedTuple):
-    """What :func:`check_table` found: the groups, the invalid rows, and the member columns of
-    every row (by run), which the core classifies without reading them back off the groups."""
+    """What :func:`check_table` found: every row as a group, and the invalid rows."""
 
-    groups: list[Group]
-    """one per row (member columns set, by run; ``ref`` and ``model_version`` = the oldest member's)."""
+    rows: GroupRows
+    """one group per row of the table, in order (member columns by run; ``ref`` and the table's;
+    ``model_version`` the oldest member's; ``purpose``, ``round``, ``reason`` and ``key`` still
+    unset: the core sets them when it takes the rows)."""
     errors: dict[int, str]
     """``{row: message}`` of the invalid rows (message names the field, the run, the task and the value)."""
-    task_index: np.ndarray
-    """(G,) int64, each row's task index (-1: unknown task)."""
-    rewards: np.ndarray
-    """(G, n) float64 by run."""
-    values: np.ndarray
-    """(G, n) float64 judged value by run, NaN where unusable."""
-    valid: np.ndarray
-    """(G, n) bool by run: usable."""
-    versions: np.ndarray
-    """(G, n) int64 model version by run."""
 
 
 def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, int]) -> CheckedTable:
@@ -58,7 +50,7 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         policy: the resampling policy (``group_size``, ``filter.judge``, ``group_validity``, ...).
         index: task id -> task index of the task set.
     Returns:
-        see :class:`CheckedTable` (the groups' columns are rows of its arrays).
+        see :class:`CheckedTable`.
     """
     p = policy
     n = p.group_size
@@ -101,13 +93,10 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
     errors = {i: _problem(table, i, p, index, runs, rewards, values, versions, judge) for i in np.flatnonzero(bad_row).tolist()}
     values = np.where(usable, values, np.nan)
     oldest = versions.min(axis=1).tolist() if width else [0] * num
-    # positional arguments (task_id, rollouts, model_version, purpose, round, reason, padding, key,
-    # ref, size, columns): twice as fast as keywords, for 256 groups a call
-    groups = [
-        Group(t, [], v, "initial", 0, "", False, "", ref, width, r, x, ok, vs)
-        for t, ref, v, r, x, ok, vs in zip(tasks, table.refs, oldest, list(rewards), list(values), list(usable), list(versions))
-    ]
-    return CheckedTable(groups, errors, idx, rewards, values, usable, versions)
+    rows = GroupRows(list(tasks), [[] for _ in range(num)], oldest, ["initial"] * num, [0] * num, [""] * num,
+                     [False] * num, [""] * num, list(table.refs), [width] * num, rewards, values, usable, versions, idx)
+    return CheckedTable(rows, errors)
+
 
 def _problem(table: GroupTable, i: int, p: ResamplingPolicy, index: dict[str, int], runs: np.ndarray,
              rewards: np.ndarray, values: np.ndarray, versions: np.ndarray, judge: str) -> str:

@@ -140,7 +140,13 @@ def pack_groups(groups: list[Group]) -> tuple:
     if not groups:
         return (), ()
     fields = tuple(map(list, zip(*map(Group._fields, groups))))
-    stacked = {name: _stack(list(map(getter, groups))) for name, getter in _COLUMN_GETTERS}
+    return pack_columns(fields, {name: _stack(list(map(getter, groups))) for name, getter in _COLUMN_GETTERS})
+
+
+def pack_columns(fields: tuple[list, ...], stacked: dict[str, np.ndarray | list]) -> tuple:
+    """:func:`pack_groups` from the fields as lists (in :meth:`Group._fields` order) and the member
+    columns by name, each a (G, n) array or a list of the groups' own (for
+    :meth:`~orchestrator.core.rows.GroupRows.pack`, which has them already)."""
     cols = []
     for name, col in stacked.items():
         if not isinstance(col, np.ndarray):
@@ -312,7 +318,6 @@ def group_key(group: Group) -> str | None:
     return f"{group.task_id}\x1f{'|'.join(tags)}\x1f{runs}"
 
 
-@dataclass
 class Batch:
     """One train batch released by the orchestrator.
 
@@ -323,29 +328,65 @@ class Batch:
         rounds: replenish rounds spent on this batch (the initial round not counted).
         model_version: the orchestrator's model version when emitted.
         fill_seconds: wall time from the batch's first round to its release.
+
+    Args:
+        groups: a list of :class:`Group`, or the core's rows of them
+            (:class:`~orchestrator.core.rows.GroupRows`), of which ``groups`` is made on first
+            access: the actor seals and sends a batch without making its groups.
     """
 
-    batch_id: int
-    groups: list[Group]
-    partial: bool = False
-    rounds: int = 0
-    model_version: int = 0
-    fill_seconds: float = 0.0
-    _sealed: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    def __init__(self, batch_id: int, groups: Any = (), partial: bool = False, rounds: int = 0, model_version: int = 0,
+                 fill_seconds: float = 0.0) -> None:
+        self.batch_id, self.partial, self.rounds = batch_id, partial, rounds
+        self.model_version, self.fill_seconds = model_version, fill_seconds
+        self._groups: list[Group] | None = list(groups) if isinstance(groups, (list, tuple)) else None
+        self._rows = None if self._groups is not None else groups
+        self._sealed: bytes | None = None
+
+    @property
+    def groups(self) -> list[Group]:
+        if self._groups is None:
+            self._groups = self._rows.groups()
+        return self._groups
+
+    @groups.setter
+    def groups(self, groups: list[Group]) -> None:
+        self._groups, self._rows = list(groups), None
+
+    def __repr__(self) -> str:
+        size = len(self._groups) if self._groups is not None else len(self._rows)
+        return (f"Batch(batch_id={self.batch_id}, groups=<{size} groups>, partial={self.partial}, "
+                f"rounds={self.rounds}, model_version={self.model_version}, fill_seconds={self.fill_seconds})")
 
     @property
     def num_padding(self) -> int:
-        return sum(g.padding for g in self.groups)
+        return sum(self._rows.padding) if self._groups is None else sum(g.padding for g in self._groups)
+
+    def columns(self, *names: str) -> list[np.ndarray]:
+        """Columns over the batch's groups, in order: a member column (``rewards``, ``values``,
+        ``valid``, ``versions``) as (G, n), or ``padding`` as (G,) bool."""
+        out = []
+        for name in names:
+            if self._groups is None:
+                col = self._rows.padding if name == "padding" else getattr(self._rows, name)
+            else:
+                col = [getattr(g, name) for g in self._groups]
+            out.append(np.asarray(col, dtype=bool) if name == "padding" else np.stack(col) if isinstance(col, list) else col)
+        return out
+
+    def packed(self) -> tuple:
+        """The groups as :func:`pack_groups` packs them (from the rows, when they were never made)."""
+        return self._rows.pack() if self._groups is None else pack_groups(self._groups)
 
     def seal(self) -> None:
         """Pickle the groups once, now, for every later pickling of this batch (the actor's
         state file, its retry record and the Ray reply each reuse the bytes). Call it when the
         batch is final: a change to its groups after it is not pickled."""
-        self._sealed = pickle.dumps(pack_groups(self.groups), protocol=pickle.HIGHEST_PROTOCOL)
+        self._sealed = pickle.dumps(self.packed(), protocol=pickle.HIGHEST_PROTOCOL)
 
     def __reduce__(self) -> tuple:
         # the groups as columns (pack_groups): a batch of 256 groups pickles several times faster
-        groups = self._sealed if self._sealed is not None else pack_groups(self.groups)
+        groups = self._sealed if self._sealed is not None else self.packed()
         return _unpickle_batch, (self.batch_id, groups, self.partial, self.rounds, self.model_version, self.fill_seconds)
 
 

@@ -41,9 +41,10 @@ from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.core.rows import GroupRows
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.table import table_error
-from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key, pack_groups
+from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
@@ -237,11 +238,13 @@ class Orchestrator(AnchorLifecycle):
 
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
+        """After a change: expire old anchor batches, and record a released batch in the metrics'
+        histograms. The counters and gauges are brought up to the core's stats when scraped
+        (:meth:`metrics_text`), not after every call: they are cumulative, so a scrape reads
+        exactly what a per-call update would have set."""
         self._anchor_in_background(self._anchor_auto_expire)
-        if self.metrics is not None:
-            self.metrics.update(self.core.stats(), self.core.policy)
-            if batch is not None:
-                self.metrics.observe_batch(batch)
+        if self.metrics is not None and batch is not None:
+            self.metrics.observe_batch(batch)
 
     def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """Take everything changed since the last commit (clearing it), for :class:`GroupCommit`:
@@ -259,7 +262,9 @@ class Orchestrator(AnchorLifecycle):
         external = batches if self.store is None or self.store.sink is None else []
         if self.store is None:
             return functools.partial(self._write, None, external), _nothing
-        held = {g.key: g for g in self.core.held_groups()}
+        carry, candidates = self.core.carry, self.core.candidates
+        held = set(carry.keys)
+        held.update(candidates.keys)
         state = self.core.state(payloads=False)
         state.update(self._anchor_state_dict())
         state["attachment"] = dict(self.attachment)
@@ -268,14 +273,15 @@ class Orchestrator(AnchorLifecycle):
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
         small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
-        hold = [g for k, g in held.items() if k not in self._stored]
+        stored = self._stored
+        new = [rows.take(~np.fromiter(map(stored.__contains__, rows.keys), bool, len(rows))) for rows in (carry, candidates)]
         change = Change(
-            small, columns, seen=seen, hold=pack_groups(hold),  # packed now, as staged
-            release=[k for k in self._stored if k not in held], batches=batches, handed=handed, call=call,
+            small, columns, seen=seen, hold=GroupRows.concat(*new).pack(),  # packed now, as staged
+            release=list(stored - held), batches=batches, handed=handed, call=call,
         )
 
         def done() -> None:
-            self._stored = set(held)
+            self._stored = held
 
         return functools.partial(self._write, change, external), done
 
@@ -486,11 +492,12 @@ class Orchestrator(AnchorLifecycle):
             fresh.append((g, values))
         parts = self._slices(fresh, lambda item: n_of(item[0]))
 
-        def submit(i: int) -> list[Group]:
+        def submit(i: int) -> tuple[list[str], list[str], int]:
             part = parts[i]
             checked = [c for _, c in part] if on_invalid == "raise" else None
             # the slices of one call are one round
-            return self.core.submit([g for g, _ in part], on_invalid=on_invalid, checked=checked, new_round=i == 0)
+            done = self.core.submit([g for g, _ in part], on_invalid=on_invalid, checked=checked, new_round=i == 0)
+            return list(map(_KEY, done)), list(map(_REASON, done)), sum(map(_SIZE, done))
 
         await self._submit_parts(len(parts), submit, emit)
         return [g.reason for g in groups]
@@ -518,13 +525,16 @@ class Orchestrator(AnchorLifecycle):
             checked = self.core.check_table(todo)
             if checked.errors:
                 raise table_error(checked.errors)
+        held = [k if k is not None else f"anon:{uuid.uuid4().hex}" for k in map(keys.__getitem__, fresh)]
 
-        def submit(_: int) -> list[Group]:  # one vectorised pass: the whole call is one round
-            groups = self.core.submit_table(todo, on_invalid, checked=checked)
-            for g, row in zip(groups, fresh):
-                g.key = keys[row] if keys[row] is not None else f"anon:{uuid.uuid4().hex}"
-                labels[row] = g.reason
-            return groups
+        def submit(_: int) -> tuple[list[str], list[str], int]:  # one vectorised pass: the whole call is one round
+            rows = self.core.submit_table(todo, on_invalid, checked=checked, keys=held)
+            if len(fresh) == len(labels):
+                labels[:] = rows.reasons
+            else:
+                for row, reason in zip(fresh, rows.reasons):
+                    labels[row] = reason
+            return held, rows.reasons, sum(rows.sizes)
 
         await self._submit_parts(1 if fresh else 0, submit, emit)
         return np.array(labels, dtype=str)
@@ -546,15 +556,16 @@ class Orchestrator(AnchorLifecycle):
         return out
 
     async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
-        """Run ``submit(i)`` for each slice ``i`` of one call (one round): record the labels,
+        """Run ``submit(i)`` for each slice ``i`` of one call (one round; it returns the slice's
+        keys, labels and rollouts): record the labels,
         release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts; the end
         is committed by the caller's ``commits.durable``, after it releases the lock."""
         if count and self._batch_started is None:
             self._batch_started = time.monotonic()
         uncommitted = 0
         for i in range(count):
-            part_groups = submit(i)
-            labels = dict(zip(map(_KEY, part_groups), map(_REASON, part_groups)))
+            keys, reasons, rollouts = submit(i)
+            labels = dict(zip(keys, reasons))
             self._seen.update(labels)
             self._new_seen.update(labels)
             self._seen_order.extend(labels)  # new keys only: the fresh groups of one call, keys unique
@@ -563,7 +574,7 @@ class Orchestrator(AnchorLifecycle):
             while emit and (batch := self.core.try_emit()) is not None:
                 self._finish(batch)
                 self._batch_started = time.monotonic() if self.core.carry else None
-            uncommitted += sum(map(_SIZE, part_groups))
+            uncommitted += rollouts
             if i == count - 1:  # the caller waits for it outside the lock (commits.durable)
                 self.commits.changed()
                 self._observe()
@@ -792,7 +803,7 @@ class Orchestrator(AnchorLifecycle):
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
         that keeps the payloads (the Trinity operator frees the others)."""
-        return [g.ref for g in self.core.held_groups() if g.ref]
+        return [ref for ref in self.core.carry.refs + self.core.candidates.refs if ref]
 
     def attachment_info(self) -> dict:
         """The attached run, its pinned policy fields and their reason (``{}`` when none)."""
@@ -894,13 +905,15 @@ class Orchestrator(AnchorLifecycle):
     async def metrics_text(self) -> str:
         """The metrics in Prometheus text format (``metrics.exposition()``); "" without metrics.
 
-        With an anchor index, ``dso_anchor_index_entries`` is refreshed first (one
+        The counters and gauges are first brought up to the core's stats (``metrics.update``).
+        With an anchor index, ``dso_anchor_index_entries`` is refreshed first too (one
         :meth:`AnchorIndex.stats` call, in a worker thread; a failure is logged and counted,
         never raised).
         """
         self._start_watch()
         if self.metrics is None:
             return ""
+        self.metrics.update(self.core.stats(), self.core.policy)
         await asyncio.to_thread(self._anchor_refresh_metrics)
         return self.metrics.exposition()
 

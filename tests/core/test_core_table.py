@@ -172,7 +172,7 @@ def same_group(a: Group, b: Group) -> bool:
 def test_packed_groups_come_back_equal_dtypes_included():
     c = core(group_size=3, group_validity="mask", min_valid_group_size=2)
     rewards, accuracy = [[0.9, math.nan, 0.1], [0.2, 0.8, 0.7]], [[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
-    groups = c.check_table(table(["t0", "t1"], rewards, versions=[[3, 2**40, 1], [0, 1, 2]], accuracy=accuracy)).groups
+    groups = c.check_table(table(["t0", "t1"], rewards, versions=[[3, 2**40, 1], [0, 1, 2]], accuracy=accuracy)).rows.groups()
     assert groups[1].values.tolist() == [0.0, 1.0, 1.0] and math.isnan(groups[0].values[1])  # judged on accuracy, masked
     assert groups[0].versions.dtype == np.int64
     back = pickle.loads(pickle.dumps(pack_groups(groups)))
@@ -196,7 +196,7 @@ def test_packed_keys_are_the_groups_keys_in_order():
 def test_a_batch_of_256_groups_of_16_pickles_under_rays_inline_limit():
     rng = np.random.default_rng(0)
     tasks = [f"t{i % 8}" for i in range(256)]
-    groups = core(group_size=16).check_table(table(tasks, rng.choice([-1.0, 1.0], size=(256, 16)))).groups
+    groups = core(group_size=16).check_table(table(tasks, rng.choice([-1.0, 1.0], size=(256, 16)))).rows.groups()
     batch = Batch(0, groups)
     blob = pickle.dumps(batch)
     back = pickle.loads(blob)
@@ -205,7 +205,7 @@ def test_a_batch_of_256_groups_of_16_pickles_under_rays_inline_limit():
 
 def test_a_sealed_batch_unpickles_to_the_groups_it_had_when_sealed():
     rng = np.random.default_rng(1)
-    groups = core(group_size=4).check_table(table(["t0", "t1", "t2"], rng.choice([-1.0, 1.0], size=(3, 4)))).groups
+    groups = core(group_size=4).check_table(table(["t0", "t1", "t2"], rng.choice([-1.0, 1.0], size=(3, 4)))).rows.groups()
     batch = Batch(7, groups, rounds=2)
     batch.seal()
     groups[0].reason = "changed after the seal"

@@ -1,10 +1,11 @@
 """The orchestrator as a real Ray actor on a local Ray runtime, with a scripted rollout source."""
 
+import numpy as np
 import pytest
 import ray
 
 from orchestrator.core.policy import InvalidPolicyError
-from orchestrator.core.types import UnknownTaskError
+from orchestrator.core.types import Group, UnknownTaskError
 from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
 from orchestrator.service.actor import PolicyConflictError, get_or_create_orchestrator
 from orchestrator.service.sink import SQLiteSink
@@ -139,7 +140,9 @@ def test_restart_mid_epoch_restores_estimates_and_selection_exactly(ray_local, t
     assert ray.get(b.state_dict.remote()) == before
     # the restarted actor plans exactly what the saved state plans
     reference = OrchestratorCore(ResamplingPolicy.parse(policy), tasks, seed=3)
-    held = {k: None for k in before["carry"] + before["candidates"]}  # planning reads only how many are held
+    # planning reads only how many groups are held: stand-ins of their tasks do
+    held = {k: Group(k.split("\x1f")[0], size=2, rewards=np.zeros(2), values=np.zeros(2), valid=np.ones(2, dtype=bool),
+                     versions=np.zeros(2, dtype=np.int64)) for k in before["carry"] + before["candidates"]}
     reference.load_state_dict(json.loads(json.dumps(before)), groups=held)
     assert ray.get(b.plan_round.remote()) == reference.plan_round()
     row = ray.get(b.task_history.remote("u1"))

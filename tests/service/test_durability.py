@@ -167,8 +167,7 @@ def test_a_held_group_is_written_as_it_was_when_its_commit_was_prepared(tmp_path
 
     def prepare_then_change():  # the event loop goes on changing groups while the commit is written
         write, done = prepare()
-        for g in o.core.carry:
-            g.reason = "stale"
+        o.core.carry.reasons[:] = ["stale"] * len(o.core.carry)  # the held rows' own list, in place
         return write, done
 
     o.commits._prepare = prepare_then_change
