@@ -58,22 +58,24 @@ class TaskHistory:
             reasons: (G,) int8. :class:`GroupReason` code of each group.
             model_versions: (G,) int64. Model version of each group.
             valid: optional (G, n) bool. Members to count (masked members are left out).
-        Groups of a repeated task are merged in submission order (one vectorised pass per
-        repetition rank), so consecutive all-correct / all-wrong counts stay exact.
+        Groups of a repeated task are merged in submission order (one vectorised pass over the
+        first group of each task, then the same for the rest), so consecutive all-correct /
+        all-wrong counts stay exact.
         """
         task_idx = np.asarray(task_idx, dtype=np.int64)
         rewards = np.asarray(rewards, dtype=np.float64)
         valid = np.ones(rewards.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-        # Rank of each occurrence of a task within this submission: 0 for first, 1 for second...
-        order = np.argsort(task_idx, kind="stable")
+        # the first group of each task in this submission, then (again, in submission order) the others
+        order = np.argsort(task_idx, kind="stable")  # stable: a task's groups in submission order
         sorted_idx = task_idx[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_idx)) + 1]
-        rank_sorted = np.arange(len(task_idx)) - np.repeat(starts, np.diff(np.r_[starts, len(task_idx)]))
-        rank = np.empty_like(rank_sorted)
-        rank[order] = rank_sorted
-        for r in range(int(rank.max(initial=-1)) + 1):
-            sel = rank == r
-            self._merge(task_idx[sel], rewards[sel], correct[sel], reasons[sel], model_versions[sel], valid[sel])
+        later = np.zeros(len(task_idx), dtype=bool)
+        later[order[1:]] = sorted_idx[1:] == sorted_idx[:-1]
+        if not later.any():
+            self._merge(task_idx, rewards, correct, reasons, model_versions, valid)
+            return
+        first = ~later
+        self._merge(task_idx[first], rewards[first], correct[first], reasons[first], model_versions[first], valid[first])
+        self.update(task_idx[later], rewards[later], correct[later], reasons[later], model_versions[later], valid[later])
 
     def _merge(self, t, rewards, correct, reasons, versions, valid) -> None:
         m = valid.sum(axis=1).astype(np.float64)

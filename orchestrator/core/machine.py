@@ -831,7 +831,8 @@ class OrchestratorCore:
         self.passrate.observe(idx, correct.sum(axis=1), valid.sum(axis=1), keep, versions)
         self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, int(all_versions.max()))
-        self._apply_skip_rules(np.unique(idx))
+        if self.policy.skip_after_all_correct or self.policy.skip_after_all_wrong:
+            self._apply_skip_rules(np.unique(idx))
         self._touch(idx)  # the history (skip rules included) and the pass-rate evidence
 
         c, w = self.counters, self.window

@@ -301,6 +301,11 @@ class GroupTable:
             runs = [",".join(map(str, ordered[0].tolist()))] * len(ordered)
         else:
             runs = [",".join(map(str, r)) for r in ordered.tolist()]
+        if all(self.round_tags):  # every row has a round tag (the usual case): one C-level join per row
+            try:
+                return list(map("\x1f".join, zip(self.task_ids, self.round_tags, runs)))
+            except TypeError:  # a task id that is not a str (an unknown task, refused on submit)
+                pass
         return [f"{t}\x1f{tag}\x1f{r}" if tag else None for t, tag, r in zip(self.task_ids, self.round_tags, runs)]
 
 

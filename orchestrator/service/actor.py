@@ -542,9 +542,9 @@ class Orchestrator(AnchorLifecycle):
     @staticmethod
     def _call_keys(keys: list[str | None]) -> list[str | None]:
         """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
-        counts = Counter(keys)
-        if len(counts) == len(keys):  # no key repeats (the usual case): the keys as they are
+        if len(set(keys)) == len(keys):  # no key repeats (the usual case): the keys as they are
             return keys
+        counts = Counter(keys)
         repeated = {k for k, c in counts.items() if c > 1 and k is not None}
         occurrences: dict[str, int] = defaultdict(int)
         out = list(keys)

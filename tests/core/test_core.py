@@ -195,6 +195,17 @@ def test_history_welford_and_pass_rate():
     assert h.pass_rate == 0.75 and h.groups == 2 and h.consec_all_correct == 1
 
 
+def test_groups_of_one_task_in_one_submission_merge_in_submission_order():
+    # t0 three times in one call, t1 once between them: the consecutive counts follow the order
+    c = core()
+    c.submit([group("t0", [1.0, -1.0]), group("t0", [1.0, 1.0]), group("t1", [1.0, 1.0]), group("t0", [1.0, 1.0])])
+    d = core()
+    d.submit([group("t0", [1.0, 1.0]), group("t0", [1.0, 1.0]), group("t0", [1.0, -1.0])])
+    assert (c.task_stats("t0").groups, c.task_stats("t0").consec_all_correct) == (3, 2)
+    assert (d.task_stats("t0").groups, d.task_stats("t0").consec_all_correct) == (3, 0)
+    assert c.task_stats("t0").mean == pytest.approx(4 / 6) and c.task_stats("t1").consec_all_correct == 1
+
+
 def test_judge_metric_ignores_shaped_reward():
     c = core(filter={"judge": "accuracy"})
     g = group("t0", [0.7, 1.0])  # both correct, one carries an overlong penalty
