@@ -29,7 +29,7 @@ class CheckedTable(NamedTuple):
     """What :func:`check_table` found: every row as a group, and the invalid rows."""
 
     rows: GroupRows
-    """one group per row of the table, in order (member columns by run; ``ref`` and the table's;
+    """one group per row of the table, in order (member columns by run; ``ref`` the table's;
     ``model_version`` the oldest member's; ``purpose``, ``round``, ``reason`` and ``key`` still
     unset: the core sets them when it takes the rows)."""
     errors: dict[int, str]

@@ -557,9 +557,9 @@ class Orchestrator(AnchorLifecycle):
 
     async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
         """Run ``submit(i)`` for each slice ``i`` of one call (one round; it returns the slice's
-        keys, labels and rollouts): record the labels,
-        release full batches (``emit``), commit every :data:`COMMIT_ROLLOUTS` rollouts; the end
-        is committed by the caller's ``commits.durable``, after it releases the lock."""
+        keys, labels and rollouts): record the labels, release full batches (``emit``), commit
+        every :data:`COMMIT_ROLLOUTS` rollouts; the end is committed by the caller's
+        ``commits.durable``, after it releases the lock."""
         if count and self._batch_started is None:
             self._batch_started = time.monotonic()
         uncommitted = 0
