@@ -376,7 +376,11 @@ class Batch:
                 col = self._rows.padding if name == "padding" else getattr(self._rows, name)
             else:
                 col = [getattr(g, name) for g in self._groups]
-            out.append(np.asarray(col, dtype=bool) if name == "padding" else np.stack(col) if isinstance(col, list) else col)
+            if name == "padding":
+                col = np.asarray(col, dtype=bool)
+            elif isinstance(col, list):
+                col = np.stack(col) if col else np.empty((0, 0), dtype=bool if name == "valid" else np.float64)
+            out.append(col)
         return out
 
     def packed(self) -> tuple:

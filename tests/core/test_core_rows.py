@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.machine import OrchestratorCore, rollout_lags
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rows import GroupRows
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, GroupTable, pack_groups
@@ -83,3 +83,7 @@ def test_a_batch_reads_its_columns_without_making_its_groups():
     assert padding.tolist() == [False, True, False] and versions.shape == (3, 3) and batch.num_padding == 1
     assert batch._groups is None  # nothing made yet
     assert [v.tolist() for v in Batch(0, rows.groups()).columns("padding")] == [[False, True, False]]
+
+
+def test_an_empty_batch_has_no_lags_whether_made_of_rows_or_of_groups():
+    assert rollout_lags(Batch(0, GroupRows.empty(3))).tolist() == [] and rollout_lags(Batch(0, [])).tolist() == []
