@@ -752,6 +752,7 @@ class OrchestratorCore:
         Raises:
             InvalidGroupError, UnknownTaskError: ``on_invalid="raise"`` and a row is invalid
                 (the first one; nothing changes).
+            ValueError: ``keys`` is not one key per row (nothing changes).
         """
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")

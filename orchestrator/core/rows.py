@@ -66,8 +66,10 @@ class GroupRows:
         """Rows of :class:`Group` objects whose member columns are set (all of width n).
 
         Args:
-            groups: G groups.
+            groups: G >= 1 groups.
             task_index: (G,) int64, their rows in the task set.
+        Raises:
+            ValueError: no group, or member columns of different widths (numpy's, from ``np.stack``).
         """
         if not groups:
             raise ValueError("groups: no group (use GroupRows.empty)")
@@ -100,6 +102,8 @@ class GroupRows:
         return iter(self.groups())
 
     def __getitem__(self, i: int) -> Group:
+        """Row ``i`` (negative counts from the end) as a :class:`Group`; TypeError for anything
+        but an int, IndexError out of range."""
         if not isinstance(i, int):
             raise TypeError(f"GroupRows index: expected an int (use take for several rows), got {type(i).__name__}")
         return self.group(range(len(self))[i])
