@@ -26,9 +26,6 @@ FIELDS = ("task_ids", "rollouts", "model_versions", "purposes", "rounds", "reaso
 COLUMNS = ("rewards", "values", "valid", "versions")
 """The member columns, one (G, n) array each: float64, float64, bool, int64."""
 
-_GETTERS = tuple(map(operator.attrgetter, ("task_id", "rollouts", "model_version", "purpose", "round", "reason", "padding",
-                                          "key", "ref", "size")))
-
 
 class GroupRows:
     """G groups of ``n`` members as columns (see the module docstring).
@@ -73,18 +70,13 @@ class GroupRows:
         """
         if not groups:
             raise ValueError("groups: no group (use GroupRows.empty)")
-        fields = [list(map(get, groups)) for get in _GETTERS]
+        fields = list(map(list, zip(*map(Group._fields, groups))))
         cols = [np.stack([getattr(g, name) for g in groups]) for name in COLUMNS]
         return cls(*fields, *cols, np.asarray(task_index, dtype=np.int64))
 
     # ----------------------------------------------------------------- reading
     def __len__(self) -> int:
         return len(self.task_ids)
-
-    @property
-    def width(self) -> int:
-        """n, the members per group (the columns' second dimension)."""
-        return self.rewards.shape[1]
 
     def fields(self) -> tuple[list, ...]:
         """The scalar fields, in :data:`FIELDS` order."""
