@@ -55,7 +55,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from algos.groups import Norm, StdConvention, check_norm, dense_ids, normalise_in_groups
+from algos.groups import Norm, StdConvention, check_norm, dense_ids, group_value_order, normalise_in_groups
 
 EpisodeWeighting = Literal["trajectory", "step"]
 Similarity = Literal["ratio", "jaccard"]
@@ -479,7 +479,7 @@ def episode_advantages(
     task_code, _ = encode_keys(tk)
     traj_code = dense_ids(tr)
     # canonical summation order: by (trajectory, reward) so totals do not depend on row order
-    order = np.lexsort((r, traj_code))
+    order = group_value_order(traj_code, r)  # sums from +0.0: the order of equal values is invisible
     num_traj = int(traj_code.max()) + 1
     totals = np.bincount(traj_code[order], weights=r[order], minlength=num_traj)
     traj_task = np.full(num_traj, -1, dtype=np.int64)

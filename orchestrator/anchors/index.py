@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from algos.gigpo import _consecutive_order, encode_keys, normalise_from_moments
-from algos.groups import Norm
+from algos.groups import Norm, group_value_order
 
 _U64 = np.uint64
 
@@ -291,8 +291,8 @@ def trajectory_records(
     mixed = _splitmix64(ret.view(np.uint64) ^ _splitmix64((crc[sid] << _U64(32)) | st.astype(np.uint64)))
     digest = np.add.reduceat(mixed[order], starts) if ts.size else np.zeros(0, dtype=np.uint64)
     gid, num = encode_keys(tk, sid)
-    gorder = np.lexsort((ret, gid))
-    gs, rs = gid[gorder], ret[gorder]
+    gorder = group_value_order(gid, ret)
+    gs, rs = gid[gorder], ret[gorder] + 0.0  # -0.0 as +0.0: the shift is the same whatever the order of zeros
     gstart = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
     count = np.bincount(gs, minlength=num).astype(np.float64)
     shift = rs[gstart]

@@ -32,6 +32,7 @@ from algos.gigpo import (
     gigpo_advantages,
     gigpo_advantages_coded,
 )
+from algos.groups import group_value_order
 from orchestrator.anchors.index import AnchorIndex, trajectory_records
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
@@ -40,7 +41,7 @@ from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
 from orchestrator.trinity.fields import NO_INFO, MemoryOrder, group_codes, masked_rows
 from orchestrator.trinity.steps import StepRows
-from orchestrator.trinity.writeback import gc_paused, write_token_advantages
+from orchestrator.trinity.writeback import TokenMasks, gc_paused, write_token_advantages
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -339,9 +340,10 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
                 _, metrics = self.process(list(itertools.compress(exps, ~masked))) if not masked.all() else ([], {})
                 write_token_advantages(list(itertools.compress(exps, masked)), np.zeros(int(masked.sum())))
                 return exps, metrics
+            masks = TokenMasks(order)  # joined in a worker thread while the rows are read and the maths runs
             r = self.rows(exps, order)
             res = self._compute(exps, r)
-            write_token_advantages(exps, res.advantages, order=order)
+            write_token_advantages(exps, res.advantages, masks=masks)
         return exps, gigpo_metrics(res.episode, res.step, res.anchor_ids, res.anchor_sizes, r.hashed)
 
 
@@ -556,7 +558,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
             returns = discounted_returns(r.reward, r.traj, r.step, gamma=cfg.gamma) - penalty
         ep_reward = r.reward - penalty
         num_traj = int(r.traj.max()) + 1
-        order = np.lexsort((ep_reward, r.traj))  # canonical summation order, as algos.gigpo
+        order = group_value_order(r.traj, ep_reward)  # canonical summation order, as algos.gigpo
         totals = np.bincount(r.traj[order], weights=ep_reward[order], minlength=num_traj)
         first_row = np.full(num_traj, -1, dtype=np.int64)
         first_row[r.traj[::-1]] = np.arange(n)[::-1]
@@ -637,9 +639,10 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
                 f"{exps[k].eid.tid!r}, run {exps[k].eid.run}); the index's anchor groups wait for every run of a task, so it "
                 "cannot leave them out: set the policy's group_validity to 'reject' and stale_members to 'oldest', or use dso_gigpo"
             )
+        masks = TokenMasks(order)  # joined in a worker thread while the rows are read and the index answers
         res = self.compute(exps, order)
         seconds = time.perf_counter() - t0
-        write_token_advantages(exps, res["advantages"], order=order)
+        write_token_advantages(exps, res["advantages"], masks=masks)
         metrics = {
             "dso_gigpo/mean_abs_A_E": float(np.abs(res["episode"]).mean()),
             "dso_gigpo/mean_abs_A_S": float(np.abs(res["step"]).mean()),

@@ -4,7 +4,9 @@ number of tensor operations for the whole batch, one view per experience out."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
+import functools
 import gc
 import itertools
 import operator
@@ -18,15 +20,60 @@ from trinity.common.experience import Experience as TrinityExperience
 from orchestrator.trinity.fields import MemoryOrder
 
 
-def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order: MemoryOrder | None = None) -> None:
+class TokenMasks:
+    """A batch's action masks, read off its experiences in memory order and joined into one
+    float32 array in a worker thread: torch releases the GIL while it copies, so the caller
+    reads fields and computes advantages meanwhile (measured: the join of 25,600 masks is
+    about 7 ms of ``dso_gigpo``'s 60). Made before the reading starts, handed to
+    :func:`write_token_advantages`.
+
+    Attributes:
+        masks: each experience's ``action_mask``, in the order of ``order.items``.
+        complete: every experience has a mask (the join starts only then).
+    """
+
+    def __init__(self, order: MemoryOrder) -> None:
+        self.order = order
+        self.masks = list(map(_ACTION_MASK, order.items))
+        self.complete = not any(map(operator.is_, self.masks, itertools.repeat(None)))
+        self._joined = _worker().submit(_join, self.masks) if self.complete else None
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """:func:`_join` of :attr:`masks` (all present), waiting for the worker."""
+        assert self._joined is not None, "joined() needs every mask"
+        return self._joined.result()
+
+
+def _join(masks: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The masks as float32: ``((N, T) array, None)`` when they have one length T > 0 (one
+    ``torch.stack``), else ``(flat array, (N,) lengths)`` (one ``torch.cat``)."""
+    try:
+        flat = torch.stack(masks)
+    except RuntimeError:  # ragged masks
+        flat = None
+    if flat is not None and flat.ndim == 2 and flat.shape[1] > 0:
+        return flat.to(torch.float32).numpy(), None
+    lengths = np.fromiter(map(torch.Tensor.numel, masks), dtype=np.int64, count=len(masks))
+    return torch.cat(masks).reshape(-1).to(torch.float32).numpy(), lengths
+
+
+@functools.cache
+def _worker() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread per process for :class:`TokenMasks` (made on first use)."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dso-masks")
+
+
+def write_token_advantages(
+    exps: list[TrinityExperience], scalars: Any, *, order: MemoryOrder | None = None, masks: TokenMasks | None = None
+) -> None:
     """Set ``advantages = A * action_mask`` and ``returns`` (an equal copy) on every experience.
 
     The result is bit for bit the per-experience ``action_mask.to(float32) * A`` then
     ``.clone()`` of Trinity's ``gigpo`` / ``grpo`` write-back (``GiGPOAdvantageFn._apply_mask``:
     A rounded to float32, a 0 mask entry gives a signed zero), done for the whole batch as one
-    concatenation of the masks (one ``torch.stack`` into (N, T) when they have equal lengths,
-    else one ``torch.cat``), one multiply (a broadcast over the rows, else with the scalars
-    repeated over the tokens) and one copy. The two arrays are then split into per-experience
+    concatenation of the masks (:class:`TokenMasks`: one ``torch.stack`` into (N, T) when they
+    have equal lengths, else one ``torch.cat``), one multiply (a broadcast over the rows, else
+    with the scalars repeated over the tokens) and one copy. The two arrays are then split into per-experience
     views (their rows, or slices at the mask boundaries), each wrapped without copying by
     ``torch.from_numpy`` and assigned with ``setattr`` in C-level ``map`` passes. The views do
     not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
@@ -39,6 +86,7 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order
         exps: N experiences; ``action_mask`` (T_i,) bool / int / float on the CPU, or None.
         scalars: (N,) float, one advantage per experience, in the order of ``exps``.
         order: ``MemoryOrder(exps)`` when the caller already has it (read the rows with it).
+        masks: ``TokenMasks(order)`` when the caller started the join before computing ``scalars``.
     Raises:
         ValueError: ``scalars`` is not one value per experience.
     """
@@ -47,31 +95,29 @@ def write_token_advantages(exps: list[TrinityExperience], scalars: Any, *, order
         raise ValueError(f"scalars: {a.shape[0]} values for {len(exps)} experiences")
     if not exps:
         return
-    order = order if order is not None else MemoryOrder(exps)
+    if masks is None:
+        masks = TokenMasks(order if order is not None else MemoryOrder(exps))
+    order = masks.order
     exps, pos = order.items, order.pos  # memory order: each pass walks the heap forward
-    masks = list(map(_ACTION_MASK, exps))
     a = a[pos]
-    if any(map(operator.is_, masks, itertools.repeat(None))):
-        with_mask = [k for k, m in enumerate(masks) if m is not None]
-        for k in sorted(set(range(len(exps))) - set(with_mask)):
+    if masks.complete:
+        joined, lengths = masks.joined()
+    else:
+        present = [k for k, m in enumerate(masks.masks) if m is not None]
+        for k in sorted(set(range(len(exps))) - set(present)):
             exps[k].advantages = torch.tensor(float(a[k]), dtype=torch.float32)
             exps[k].returns = exps[k].advantages.clone()
-        exps = [exps[k] for k in with_mask]
-        masks = [masks[k] for k in with_mask]
-        a = a[with_mask]
-        if not exps:
+        if not present:
             return
-    try:  # equal lengths (the usual case): one (N, T) stack, and the rows are the views
-        flat = torch.stack(masks)
-    except RuntimeError:  # ragged masks: one flat concatenation, sliced at the mask boundaries
-        flat = None
-    if flat is not None and flat.ndim == 2 and flat.shape[1] > 0:
-        adv = flat.to(torch.float32).numpy() * a[:, None]
+        exps = [exps[k] for k in present]
+        a = a[present]
+        joined, lengths = _join([masks.masks[k] for k in present])
+    if lengths is None:  # equal lengths: the rows are the views
+        adv = joined * a[:, None]
         ret = adv.copy()
         adv_parts, ret_parts = map(torch.from_numpy, adv), map(torch.from_numpy, ret)
     else:
-        lengths = np.fromiter(map(torch.Tensor.numel, masks), dtype=np.int64, count=len(masks))
-        adv = torch.cat(masks).reshape(-1).to(torch.float32).numpy() * np.repeat(a, lengths)
+        adv = joined * np.repeat(a, lengths)
         ret = adv.copy()
         ends = np.cumsum(lengths)
         cuts = list(map(slice, (ends - lengths).tolist(), ends.tolist()))

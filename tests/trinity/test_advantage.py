@@ -29,10 +29,10 @@ from trinity.common.experience import Experience as TExp
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
-from orchestrator.trinity.fields import tid_codes
+from orchestrator.trinity.fields import MemoryOrder, tid_codes
 from orchestrator.trinity.plugin import register
 from orchestrator.trinity.steps import StepRows
-from orchestrator.trinity.writeback import gc_paused, write_token_advantages
+from orchestrator.trinity.writeback import TokenMasks, gc_paused, write_token_advantages
 
 ARGS = {"omega": 0.7, "gamma": 0.9, "fnorm": "std", "epsilon": 1e-6}
 
@@ -211,6 +211,30 @@ def test_write_back_of_equal_length_masks_is_bit_for_bit_the_per_experience_one(
         assert torch.equal(torch.signbit(a.advantages), torch.signbit(b.advantages))
         assert a.advantages.dtype == torch.float32 and a.advantages.shape == (6,)
     assert exps[3].advantages.tolist() == pytest.approx([scalars[3], 0.0, scalars[3], scalars[3], 0.0, scalars[3]])
+
+
+def test_masks_joined_ahead_of_the_scalars_write_back_bit_for_bit():
+    # ragged masks (the flat path), joined in the worker before the scalars exist
+    rng = np.random.default_rng(5)
+    exps = [texp(0, 0, r, response=2 + r % 3, mask=rng.integers(0, 2, 2 + r % 3).astype(bool).tolist()) for r in range(30)]
+    ref = copy.deepcopy(exps)
+    masks = TokenMasks(MemoryOrder(exps))
+    assert masks.complete
+    scalars = rng.normal(size=30)
+    write_token_advantages(exps, scalars, masks=masks)
+    previous_write_back(ref, scalars)
+    for a, b in zip(exps, ref):
+        assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
+        assert torch.equal(torch.signbit(a.advantages), torch.signbit(b.advantages))
+
+
+def test_masks_joined_ahead_with_one_missing_mask_are_joined_without_it():
+    exps = [texp(0, 0, r, response=3) for r in range(4)]
+    exps[2].action_mask = None
+    masks = TokenMasks(MemoryOrder(exps))
+    assert not masks.complete
+    write_token_advantages(exps, [1.0, 2.0, 3.0, 4.0], masks=masks)
+    assert [e.advantages.tolist() for e in exps] == [[1.0] * 3, [2.0] * 3, 3.0, [4.0] * 3]
 
 
 def test_write_back_without_a_mask_gives_a_scalar_tensor():
