@@ -360,8 +360,9 @@ def gigpo_metrics(
     """
     sizes = np.zeros(int(anchor_ids.max()) + 1, dtype=np.int64)
     sizes[anchor_ids] = anchor_sizes
-    ids = np.unique(anchor_ids[hashed])
-    total, hit = int(ids.size), int((sizes[ids] > 1).sum())
+    present = np.zeros(sizes.size, dtype=bool)  # anchor groups of hashed states (a table, no sort)
+    present[anchor_ids[hashed]] = True
+    total, hit = int(present.sum()), int((sizes[present] > 1).sum())
     return {
         "dso_gigpo/mean_abs_A_E": float(np.abs(episode).mean()),
         "dso_gigpo/mean_abs_A_S": float(np.abs(step).mean()),

@@ -29,7 +29,7 @@ from trinity.common.experience import Experience as TExp
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
 from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
-from orchestrator.trinity.fields import MemoryOrder, tid_codes
+from orchestrator.trinity.fields import MemoryOrder, first_appearance_codes, tid_codes
 from orchestrator.trinity.plugin import register
 from orchestrator.trinity.steps import StepRows
 from orchestrator.trinity.writeback import TokenMasks, gc_paused, write_token_advantages
@@ -386,6 +386,24 @@ def test_multi_step_grpo_equals_trinitys_multi_step_grpo_on_real_experiences():
     expected = [by_id[(e.eid.task, e.eid.run, e.eid.step)] for e in exps]
     np.testing.assert_allclose(ours, expected, rtol=1e-6)  # Trinity computes in float32
     assert ours[-1] == pytest.approx(3.0 / (1 + 1e-6))
+
+
+def test_first_appearance_codes_of_small_ints_and_of_other_keys_agree():
+    # small ints take the array route, strings and mixed keys the dict route; True == 1 as a key
+    assert [c.tolist() for c in first_appearance_codes([5, 3, 5, 0, 3, True, 1])[:1]] == [[0, 1, 0, 2, 1, 3, 3]]
+    assert first_appearance_codes([5, 3, 5, 0, 3, True, 1])[1] == [5, 3, 0, True]
+    for keys in ([1, -1, 1], [2**70, 1, 2**70], [1, "a", 1], ["b", "a", "b"], [9000, 3, 9000]):
+        codes, uniq = first_appearance_codes(keys)
+        assert codes.tolist() == [0, 1, 0] and uniq == keys[:2]
+
+
+def test_first_appearance_codes_of_many_ints_match_a_dict():
+    keys = np.random.default_rng(3).integers(0, 300, 5000).tolist()
+    first = {}
+    rows = [first.setdefault(k, i) for i, k in enumerate(keys)]
+    rank = {r: n for n, r in enumerate(sorted(set(rows)))}
+    codes, uniq = first_appearance_codes(keys)
+    assert codes.tolist() == [rank[r] for r in rows] and uniq == list(first)
 
 
 def test_tid_codes_number_batch_task_pairs_by_first_appearance():
