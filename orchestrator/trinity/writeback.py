@@ -40,7 +40,8 @@ class TokenMasks:
 
     def joined(self) -> tuple[np.ndarray, np.ndarray | None]:
         """:func:`_join` of :attr:`masks` (all present), waiting for the worker."""
-        assert self._joined is not None, "joined() needs every mask"
+        if self._joined is None:
+            raise ValueError("TokenMasks.joined: some experiences have no action_mask (join the present ones with _join)")
         return self._joined.result()
 
 
@@ -88,7 +89,7 @@ def write_token_advantages(
         order: ``MemoryOrder(exps)`` when the caller already has it (read the rows with it).
         masks: ``TokenMasks(order)`` when the caller started the join before computing ``scalars``.
     Raises:
-        ValueError: ``scalars`` is not one value per experience.
+        ValueError: ``scalars`` is not one value per experience, or ``masks`` not one per experience.
     """
     a = np.asarray(scalars, dtype=np.float32).reshape(-1)
     if a.shape[0] != len(exps):
@@ -97,6 +98,8 @@ def write_token_advantages(
         return
     if masks is None:
         masks = TokenMasks(order if order is not None else MemoryOrder(exps))
+    elif len(masks.masks) != len(exps):
+        raise ValueError(f"masks: {len(masks.masks)} masks for {len(exps)} experiences (TokenMasks of another batch)")
     order = masks.order
     exps, pos = order.items, order.pos  # memory order: each pass walks the heap forward
     a = a[pos]

@@ -237,6 +237,12 @@ def test_masks_joined_ahead_with_one_missing_mask_are_joined_without_it():
     assert [e.advantages.tolist() for e in exps] == [[1.0] * 3, [2.0] * 3, 3.0, [4.0] * 3]
 
 
+def test_masks_of_another_batch_are_refused():
+    masks = TokenMasks(MemoryOrder([texp(0, 0, 0)]))
+    with pytest.raises(ValueError, match="masks: 1 masks for 2 experiences"):
+        write_token_advantages([texp(0, 0, 0), texp(0, 0, 1)], [1.0, 2.0], masks=masks)
+
+
 def test_write_back_without_a_mask_gives_a_scalar_tensor():
     e = texp(0, 0, 0)
     e.action_mask = None
