@@ -96,8 +96,11 @@ def interleaved(variants: list[tuple[str, object]], exps: list, repeats: int, be
     a change of the machine's load between variants does not bias the ratios), and each
     variant's token advantages. Before each timed call (untimed): ``before()``, every
     experience's ``advantages`` and ``returns`` reset to None, as they arrive in Trinity's
-    pipeline, and a full garbage collection, so that no variant pays for freeing the previous
-    variant's tensors or for a collection that the previous variant made due."""
+    pipeline, a full garbage collection, so that no variant pays for freeing the previous
+    variant's tensors or for a collection that the previous variant made due, and one 64 KiB
+    allocation: glibc defers merging the many small blocks just freed until the next request
+    of that size, and that merge took 13-16 ms in whichever variant came first (measured in the
+    first rounds; about 1 ms once the heap has settled)."""
     best = [math.inf] * len(variants)
     outs: list = [None] * len(variants)
     for _ in range(repeats):
@@ -107,6 +110,7 @@ def interleaved(variants: list[tuple[str, object]], exps: list, repeats: int, be
             for e in exps:
                 e.advantages = e.returns = None
             gc.collect()
+            bytearray(1 << 16)  # glibc merges the freed blocks now, not inside the timed call
             t0 = time.perf_counter()
             out, _ = fn()
             best[v] = min(best[v], time.perf_counter() - t0)
