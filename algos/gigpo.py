@@ -55,7 +55,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from algos.groups import Norm, StdConvention, check_norm, dense_ids, group_value_order, normalise_in_groups
+from algos.groups import Norm, StdConvention, check_norm, dense_ids, first_rows, group_value_order, normalise_in_groups
 
 EpisodeWeighting = Literal["trajectory", "step"]
 Similarity = Literal["ratio", "jaccard"]
@@ -702,8 +702,7 @@ def similarity_anchor_ids(
             raise InvalidStepError(f"texts: expected str at row {i} (task {_r(tk[i])}), got {type(x).__name__}")
     # distinct (task, text) pairs in sorted order; compare only within a task
     key_ids, num = encode_keys(tk, tx.astype(str))
-    first_row = np.full(num, -1, dtype=np.int64)
-    first_row[key_ids[::-1]] = np.arange(key_ids.size)[::-1]
+    first_row = first_rows(key_ids, num)
     uniq_task, uniq_text = tk[first_row], tx[first_row]
     parent = np.arange(num)
 

@@ -42,6 +42,19 @@ def dense_ids(x: np.ndarray) -> np.ndarray:
     return np.unique(x, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
+def first_rows(codes: np.ndarray, k: int) -> np.ndarray:
+    """(k,) int64: the first row at which each code in [0, k) appears in ``codes`` ((N,) int),
+    ``N`` for a code that does not appear.
+
+    One ``np.minimum.at`` (as fast as the assignment ``first[codes[::-1]] = rows[::-1]``, whose
+    result NumPy leaves unspecified when an index repeats: "if an element is set more than once,
+    it is not possible to predict the final result").
+    """
+    first = np.full(k, codes.size, dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(codes.size))
+    return first
+
+
 def group_value_order(group_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """(N,) int64 permutation sorting the rows by (group, value): ``np.lexsort((values, group_ids))``
     except for the order among rows of one group with equal values (``0.0`` and ``-0.0`` count

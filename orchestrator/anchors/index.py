@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from algos.gigpo import _consecutive_order, encode_keys, normalise_from_moments
-from algos.groups import Norm, group_value_order
+from algos.groups import Norm, first_rows, group_value_order
 
 _U64 = np.uint64
 
@@ -468,9 +468,7 @@ class AnchorIndex(ABC):
         if rets.size == 0:
             return rets.copy()
         gid, num = encode_keys(tasks_a, hashes_a)
-        first = np.full(num, -1, dtype=np.int64)
-        first[gid[::-1]] = np.arange(gid.size)[::-1]
-        keys = [(str(tasks_a[i]), str(hashes_a[i])) for i in first]
+        keys = [(str(tasks_a[i]), str(hashes_a[i])) for i in first_rows(gid, num)]
         return self.group_step_advantages(batch_key, keys, gid, rets, norm=norm, eps=eps, n_runs=n_runs)
 
     def group_step_advantages(

@@ -32,7 +32,7 @@ from algos.gigpo import (
     gigpo_advantages,
     gigpo_advantages_coded,
 )
-from algos.groups import group_value_order
+from algos.groups import first_rows, group_value_order
 from orchestrator.anchors.index import AnchorIndex, trajectory_records
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
@@ -561,8 +561,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
         num_traj = int(r.traj.max()) + 1
         order = group_value_order(r.traj, ep_reward)  # canonical summation order, as algos.gigpo
         totals = np.bincount(r.traj[order], weights=ep_reward[order], minlength=num_traj)
-        first_row = np.full(num_traj, -1, dtype=np.int64)
-        first_row[r.traj[::-1]] = np.arange(n)[::-1]
+        first_row = first_rows(r.traj, num_traj)
         traj_group, traj_run = r.group[first_row], r.run[first_row]
         # names shared by every worker: group = eid.tid, batch key = trinity-<eid.batch>, state = hash text
         group_name = r.group_names()

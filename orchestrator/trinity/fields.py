@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from trinity.common.experience import Experience as TrinityExperience
 
+from algos.groups import first_rows
+
 EID = operator.attrgetter("eid")
 INFO = operator.attrgetter("info")
 RUN = operator.attrgetter("run")
@@ -58,13 +60,7 @@ def _first_rows_of_small_ints(keys: Sequence) -> np.ndarray | None:
     k = np.array(keys)
     if k.dtype.kind != "i" or int(k.min()) < 0 or int(k.max()) >= 4 * k.size + 1024:
         return None
-    top = int(k.max())
-    order = np.argsort(k.astype(np.uint16) if top < 2**16 else k, kind="stable")  # a radix sort in 16 bits
-    sk = k[order]
-    start = np.r_[True, sk[1:] != sk[:-1]]  # each value's first row in the stable order
-    first = np.empty(top + 1, dtype=np.int64)
-    first[sk[start]] = order[start]
-    return first[k]
+    return first_rows(k, int(k.max()) + 1)[k]
 
 
 def tid_codes(batches: list, tasks: list) -> tuple[np.ndarray, list[tuple]]:
@@ -176,8 +172,7 @@ def inverse(pos: np.ndarray) -> np.ndarray:
 def relabel_by_first_row(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Codes in [0, k) renumbered in order of first appearance along the rows; also the old
     code of each new label (no sort of the rows: a first-row table over the k codes)."""
-    first = np.full(k, codes.size, dtype=np.int64)
-    first[codes[::-1]] = np.arange(codes.size)[::-1]  # the last write of a code is its first row
+    first = first_rows(codes, k)
     old_of_new = np.argsort(first, kind="stable")
     new_of_old = np.empty(k, dtype=np.int64)
     new_of_old[old_of_new] = np.arange(k)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from algos.groups import group_value_order, normalise_in_groups
+from algos.groups import first_rows, group_value_order, normalise_in_groups
 
 
 def test_std_normalisation_by_hand():
@@ -46,3 +46,8 @@ def test_a_negative_zero_normalises_as_zero_in_either_order():
     for values in ([0.0, -0.0], [-0.0, 0.0]):
         out = normalise_in_groups(np.array(values), np.array([0, 0]), eps=0.0)
         assert out.tolist() == [0.0, 0.0] and not np.signbit(out).any()
+
+
+def test_first_rows_gives_each_codes_first_row_and_n_for_absent_codes():
+    # code 2 first at row 1, code 0 at row 2, code 3 never (-> 5, the row count)
+    assert first_rows(np.array([1, 2, 0, 2, 1]), 4).tolist() == [2, 0, 1, 5]
