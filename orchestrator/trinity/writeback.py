@@ -39,9 +39,14 @@ class TokenMasks:
         self._joined = _worker().submit(_join, self.masks) if self.complete else None
 
     def joined(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """:func:`_join` of :attr:`masks` (all present), waiting for the worker."""
+        """The joined masks, waiting for the worker: ``((N, T) float32, None)`` for equal lengths,
+        else ``(flat float32, (N,) lengths)``.
+
+        Raises:
+            ValueError: some experience has no ``action_mask`` (:attr:`complete` is False; nothing was joined).
+        """
         if self._joined is None:
-            raise ValueError("TokenMasks.joined: some experiences have no action_mask (join the present ones with _join)")
+            raise ValueError("TokenMasks.joined: some experiences have no action_mask, so nothing was joined")
         return self._joined.result()
 
 
