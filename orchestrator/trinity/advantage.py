@@ -39,7 +39,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
 from orchestrator.service.actor import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
-from orchestrator.trinity.fields import NO_INFO, MemoryOrder, group_codes, masked_rows
+from orchestrator.trinity.fields import NO_INFO, REWARD, MemoryOrder, group_codes, masked_rows
 from orchestrator.trinity.steps import StepRows
 from orchestrator.trinity.writeback import TokenMasks, gc_paused, write_token_advantages
 
@@ -109,8 +109,11 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __call__(self, exps, **kwargs):
         return self.process(exps)
 
-    def compute(self, exps: list[TrinityExperience]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Group codes and advantages of a batch, no side effects.
+    def compute(
+        self, exps: list[TrinityExperience], order: MemoryOrder | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Group codes and advantages of a batch, no side effects (``order``: ``MemoryOrder(exps)``
+        when the caller already has it).
 
         Returns:
             codes: (N,) int64 group of each experience (first-appearance order);
@@ -119,16 +122,17 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         Raises:
             algos.dapo.InvalidGroupError: a missing or non-finite reward of a member not masked.
         """
-        codes = group_codes(exps)
-        rewards = [e.reward for e in exps]
-        r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)
-        masked = masked_rows(exps)
+        order = order if order is not None else MemoryOrder(exps)
+        codes, _ = group_codes(order)
+        rewards = list(map(REWARD, order.items))  # memory order, put back below
+        r64 = np.array([np.nan if x is None else x for x in rewards] if None in rewards else rewards, dtype=np.float64)[order.back]
+        masked = masked_rows(exps, order)
         if masked is not None:
             r64[masked] = 0.0  # out of every statistic below
         bad = ~np.isfinite(r64)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise InvalidGroupError(f"reward: {rewards[i]!r} at row {i} (group {exps[i].eid.tid!r}) is not a finite number")
+            raise InvalidGroupError(f"reward: {exps[i].reward!r} at row {i} (group {exps[i].eid.tid!r}) is not a finite number")
         r32 = r64.astype(np.float32)
         x = r32.astype(np.float64)
         used = None if masked is None else (~masked).astype(np.float64)
@@ -158,10 +162,10 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
         if not exps:
             return [], {}
         with gc_paused():  # no cycles allocated: no collection mid-batch
-            codes, adv, mean, std = self.compute(exps)
-            order = np.argsort(codes, kind="stable")
-            out = [exps[i] for i in order.tolist()]
-            write_token_advantages(out, adv[order])
+            order = MemoryOrder(exps)  # shared by the reading and the write-back
+            codes, adv, mean, std = self.compute(exps, order)
+            write_token_advantages(exps, adv, order=order)
+            out = list(map(exps.__getitem__, np.argsort(codes, kind="stable").tolist()))
         metrics: dict[str, float] = {}
         for name, values in (("reward_mean", mean), ("reward_std", std)):
             v = values.astype(np.float64)

@@ -13,14 +13,11 @@ from trinity.common.experience import Experience as TrinityExperience
 
 from algos.gigpo import InvalidStepError, encode_keys
 from orchestrator.trinity.fields import (
-    EID,
     MemoryOrder,
     first_appearance_codes,
+    group_codes,
     info_column,
-    inverse,
     is_number,
-    relabel_by_first_row,
-    tid_codes,
 )
 
 
@@ -80,8 +77,8 @@ class StepRows:
         texts: bool = True,
         order: MemoryOrder | None = None,
     ) -> StepRows:
-        """Read the rows off ``exps``: one C-level pass per field (``map`` over attribute and
-        item getters) over the experiences in memory order (:class:`MemoryOrder`), keys
+        """Read the rows off ``exps``: the fields :class:`MemoryOrder` read in one pass, then one
+        C-level pass per ``info`` key (``map`` over item getters), in memory order; keys
         factorised to integer codes through dicts, no per-row objects; the columns are then put
         back in the batch's order and the groups numbered by first appearance in it.
 
@@ -95,16 +92,11 @@ class StepRows:
                 or a step reward that is not a number (names row, group, run, step).
         """
         n = len(exps)
-        order = order if order is not None else MemoryOrder(exps)  # passes in memory order; columns put back below
-        xs, pos, infos = order.items, order.pos, order.infos
-        back = inverse(pos)  # batch row i is xs[back[i]]
-        eids = list(map(EID, xs))
-        batches, tasks, runs, steps = (list(map(get, eids)) for get in _EID_FIELDS)
-        code, uniq = tid_codes(batches, tasks)
-        group, old_of_new = relabel_by_first_row(code[back], len(uniq))  # Trinity's group_by order
-        group_keys = [uniq[k] for k in old_of_new.tolist()]
-        run = np.array(runs, dtype=np.int64)[back]
-        step = np.array(steps, dtype=np.int64)[back]
+        order = order if order is not None else MemoryOrder(exps)  # read in memory order; columns put back below
+        pos, infos, back = order.pos, order.infos, order.back  # batch row i is order.items[back[i]]
+        group, group_keys = group_codes(order)  # Trinity's group_by order
+        run = np.array(order.runs, dtype=np.int64)[back]
+        step = np.array(order.steps, dtype=np.int64)[back]
 
         def where(i: int) -> str:
             return f"row {i} (group {exps[i].eid.tid!r}, run {int(run[i])}, step {int(step[i])})"
@@ -168,6 +160,3 @@ class StepRows:
             text = np.empty(n, dtype=object)
             text[:] = [infos[k].get(state_text_key) for k in back.tolist()]
         return cls(group, run, step, reward, state, hashed, invalid, text, traj, list(names), group_keys)
-
-
-_EID_FIELDS = tuple(map(operator.attrgetter, ("batch", "task", "run", "step")))

@@ -3,7 +3,6 @@ number of tensor operations for the whole batch, one view per experience out."""
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -21,10 +20,10 @@ from orchestrator.trinity.fields import MemoryOrder
 
 
 class TokenMasks:
-    """A batch's action masks, read off its experiences in memory order and joined into one
-    float32 array in a worker thread: torch releases the GIL while it copies, so the caller
-    reads fields and computes advantages meanwhile (measured: the join of 25,600 masks is
-    about 7 ms of ``dso_gigpo``'s 60). Made before the reading starts, handed to
+    """A batch's action masks (as :class:`~orchestrator.trinity.fields.MemoryOrder` read them)
+    joined into one float32 array in a worker thread: torch releases the GIL while it copies,
+    so the caller reads the ``info`` keys and computes advantages meanwhile (measured: the join
+    of 25,600 masks is about 7 ms). Made as soon as the batch is read, handed to
     :func:`write_token_advantages`.
 
     Attributes:
@@ -34,7 +33,7 @@ class TokenMasks:
 
     def __init__(self, order: MemoryOrder) -> None:
         self.order = order
-        self.masks = list(map(_ACTION_MASK, order.items))
+        self.masks = order.masks
         self.complete = not any(map(operator.is_, self.masks, itertools.repeat(None)))
         self._joined = _worker().submit(_join, self.masks) if self.complete else None
 
@@ -81,7 +80,9 @@ def write_token_advantages(
     have equal lengths, else one ``torch.cat``), one multiply (a broadcast over the rows, else
     with the scalars repeated over the tokens) and one copy. The two arrays are then split into per-experience
     views (their rows, or slices at the mask boundaries), each wrapped without copying by
-    ``torch.from_numpy`` and assigned with ``setattr`` in C-level ``map`` passes. The views do
+    ``torch.from_numpy`` (a C-level ``map``) and both assigned in one visit of each experience
+    (measured, 25,600 cold experiences: 20.6 ms against 21.2-22.5 ms for one ``map(setattr)``
+    pass per field). The views do
     not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
     Trinity's ``Experience.serialize_many`` sees distinct storages and clones nothing). An
     experience without ``action_mask`` gets a 0-dim ``tensor(A, float32)``, as in Trinity. The
@@ -132,8 +133,9 @@ def write_token_advantages(
         adv_parts = map(torch.from_numpy, map(adv.__getitem__, cuts))
         ret_parts = map(torch.from_numpy, map(ret.__getitem__, cuts))
     with gc_paused():  # 2N new tensors, no reference cycles: no collection is due for them
-        _consume(map(setattr, exps, itertools.repeat("advantages"), adv_parts))
-        _consume(map(setattr, exps, itertools.repeat("returns"), ret_parts))
+        for e, x, y in zip(exps, adv_parts, ret_parts):  # one visit per experience sets both
+            e.advantages = x
+            e.returns = y
 
 
 @contextlib.contextmanager
@@ -164,10 +166,3 @@ def gc_paused() -> Iterator[None]:
             gc.freeze()
             gc.unfreeze()
         gc.enable()
-
-
-_consume = collections.deque(maxlen=0).extend
-"""Run an iterator to its end in C (``deque(maxlen=0).extend``), keeping nothing."""
-
-
-_ACTION_MASK = operator.attrgetter("action_mask")

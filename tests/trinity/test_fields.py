@@ -49,6 +49,19 @@ def test_memory_order_reads_a_missing_info_as_empty():
     assert [order.infos[k] for k in np.argsort(order.pos)] == [{"a": 1}, {}, {}]
 
 
+def test_memory_order_reads_each_items_eid_fields_and_mask():
+    a = TExp(eid=EID(batch=3, task=7, run=1, step=4), tokens=torch.arange(4), prompt_length=2, reward=0.0)
+    b = TExp(eid=EID(batch=5, task=2, run=0, step=9), tokens=torch.arange(4), prompt_length=2, reward=0.0)
+    b.action_mask = None
+    order = MemoryOrder([b, a])
+    first = order.pos.tolist().index(1)  # the row of a in memory order
+    assert order.items[first] is a and order.items[1 - first] is b
+    fields_of = [(order.batches[k], order.tasks[k], order.runs[k], order.steps[k]) for k in (first, 1 - first)]
+    assert fields_of == [(3, 7, 1, 4), (5, 2, 0, 9)]
+    assert order.masks[first] is a.action_mask and order.masks[1 - first] is None
+    assert order.back.tolist() == [1 - first, first]  # batch row i is items[back[i]]
+
+
 def test_masked_rows_come_back_in_the_batch_order():
     exps = [exp(0, {fields.MASKED: True}), exp(1, None), exp(2, {fields.MASKED: False}), exp(3, {fields.MASKED: 1})]
     batch = [exps[3], exps[1], exps[0], exps[2]]
