@@ -335,6 +335,24 @@ def test_a_retried_pop_batch_gets_the_batch_its_lost_answer_held(tmp_path):
     assert run(o2.pop_batch(call_id="p3")) is None
 
 
+def test_an_empty_pop_does_not_wait_for_another_calls_commit(tmp_path):
+    o = orch(tmp_path)
+    blocker = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
+
+    async def scenario():
+        blocker.execute("BEGIN EXCLUSIVE")  # the submit's commit waits for this lock (busy timeout 5 s)
+        try:
+            submit = asyncio.create_task(o.submit_groups([group("t0", WRONG)]))
+            await asyncio.sleep(0.2)  # its change made, its commit under way
+            popped = await asyncio.wait_for(o.pop_batch(), timeout=2)
+        finally:
+            blocker.execute("COMMIT")
+        return popped, await submit
+
+    assert run(scenario()) == (None, ["all_wrong"])
+    assert orch(tmp_path).get_stats().groups_submitted == 1
+
+
 def test_a_retried_next_tasks_gets_the_tasks_its_lost_answer_held(tmp_path):
     o = orch(tmp_path)
     first = run(o.next_tasks(3, call_id="n1"))
