@@ -26,14 +26,21 @@ def describe_errors(errors: Iterable[dict], *, root: str = "", with_input: bool 
     Args:
         errors: pydantic error dicts (``loc``, ``msg``, optional ``input``).
         root: the path shown for an error at the top level (empty ``loc``; none when empty).
-        with_input: quote the offending value (truncated by :func:`short_repr`).
+        with_input: quote the offending value (truncated by :func:`short_repr`); never for a
+            missing field (pydantic's input is then the enclosing object) or a validator's own
+            ``ValueError`` (our validators name their values).
     """
     parts = []
     for e in errors:
         path = field_path(e.get("loc", ())) or root
         msg = e.get("msg", "").removeprefix("Value error, ")  # our validators' messages name their fields
         part = f"{path}: {msg}" if path else msg
-        if with_input and "input" in e and e.get("loc"):  # not the whole document of a top-level error
+        quoted = "input" in e and e.get("loc") and e.get("type") not in _NO_INPUT  # not the whole document of a top-level error
+        if with_input and quoted:
             part += f" (got {short_repr(e['input'])})"
         parts.append(part)
     return "; ".join(parts)
+
+
+_NO_INPUT = frozenset({"missing", "value_error"})
+"""Error types whose pydantic ``input`` is not the offending value (see :func:`describe_errors`)."""

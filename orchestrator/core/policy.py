@@ -15,17 +15,35 @@ from orchestrator.core.errors import describe_errors
 
 
 class InvalidPolicyError(ValueError):
-    """A resampling policy value is out of range or inconsistent (names the field and value)."""
+    """A resampling policy value is out of range or inconsistent (names the field and value).
+
+    Attributes:
+        errors: per-field errors (``loc``, ``msg``, ``type``) when it came from validation, else None.
+    """
+
+    def __init__(self, message: str, errors: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def __reduce__(self) -> tuple:  # keeps ``errors`` through pickling (Ray hands it to the REST service)
+        return type(self), (str(self), self.errors)
 
     @classmethod
     def from_validation(cls, err: ValidationError) -> InvalidPolicyError:
         """Field, message and value of each error; an unknown key also lists the valid ones."""
-        msg = describe_errors(err.errors(), root="policy")
-        for loc in {tuple(e["loc"]) for e in err.errors() if e.get("type") == "extra_forbidden"}:
-            nested = len(loc) == 2 and loc[0] == "filter"
-            fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
-            msg += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
-        return cls("invalid resampling policy: " + msg)
+        errors = err.errors()
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"].removeprefix("Value error, "), "type": e["type"]} for e in errors]
+        return cls("invalid resampling policy: " + describe_errors(errors, root="policy") + valid_fields_hint(errors), detail)
+
+
+def valid_fields_hint(errors: list[dict]) -> str:
+    """``"; valid fields: ..."`` for each distinct level (policy or ``filter``) of an unknown
+    field among pydantic ``errors`` (``extra_forbidden``), else ``""``."""
+    hint = ""
+    for nested in sorted({len(e["loc"]) == 2 and e["loc"][0] == "filter" for e in errors if e.get("type") == "extra_forbidden"}):
+        fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
+        hint += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
+    return hint
 
 
 class FilterConfig(BaseModel):
@@ -180,7 +198,8 @@ class ResamplingPolicy(BaseModel):
             )
         if self.min_valid_group_size > self.group_size and (self.group_validity == "mask" or self.stale_members == "mask"):
             raise ValueError(
-                f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size})"
+                f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size}) "
+                "when group_validity or stale_members is 'mask' (the only settings that use it)"
             )
         if self.max_rollouts is not None and self.max_rollouts < self.group_size:
             raise ValueError(f"max_rollouts ({self.max_rollouts}) must be >= group_size ({self.group_size})")

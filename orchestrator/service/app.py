@@ -49,7 +49,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.core.errors import describe_errors, field_path, short_repr
-from orchestrator.core.policy import InvalidPolicyError
+from orchestrator.core.policy import InvalidPolicyError, valid_fields_hint
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
 from orchestrator.service.actor import OrchestratorUnavailable, PinnedPolicyError, PolicyConflictError
@@ -260,9 +260,11 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         if any(e["type"] == "json_invalid" for e in errors):
             e = next(e for e in errors if e["type"] == "json_invalid")
             return _error(400, "invalid_json", f"body: malformed JSON ({e['msg']}, at {field_path(e['loc'][1:]) or 'start'})", errors)
-        located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]} for e in errors]
+        located = [{**e, "loc": e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]}
+                   | ({"input": raw["input"]} if "input" in raw and raw["type"] != "extra_forbidden" else {})
+                   for e, raw in zip(errors, exc.errors())]  # values quoted (truncated); an unknown key gets the valid ones
         return _error(422, "validation", "".join(h + ". " for h in _hints(request.method, located))
-                      + describe_errors(located, root="body", with_input=False), errors)
+                      + describe_errors(located, root="body") + valid_fields_hint(located), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -276,7 +278,7 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
 
     @app.exception_handler(InvalidPolicyError)
     async def _invalid(request: Request, exc: InvalidPolicyError) -> JSONResponse:
-        return _error(422, "invalid_policy", _cause(exc))
+        return _error(422, "invalid_policy", _cause(exc), getattr(_original(exc), "errors", None))
 
     @app.exception_handler(PinnedPolicyError)
     async def _pinned(request: Request, exc: PinnedPolicyError) -> JSONResponse:
@@ -396,14 +398,19 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
     return app
 
 
-def _cause(exc: BaseException) -> str:
-    """The message of an exception raised in the actor, without Ray's traceback wrapper."""
+def _original(exc: BaseException) -> BaseException:
+    """The exception raised in the actor, out of Ray's wrapper (``exc`` itself when not wrapped)."""
     import ray.exceptions as rex
 
-    if isinstance(exc, rex.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if cause is not None:
-            return str(cause)
+    cause = getattr(exc, "cause", None) if isinstance(exc, rex.RayTaskError) else None
+    return cause if cause is not None else exc
+
+
+def _cause(exc: BaseException) -> str:
+    """The message of an exception raised in the actor, without Ray's traceback wrapper."""
+    original = _original(exc)
+    if original is not exc:
+        return str(original)
     text = str(exc)
     return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
 

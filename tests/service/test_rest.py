@@ -124,17 +124,36 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
 
 
 def test_a_patch_of_gets_whole_body_is_422_saying_to_send_its_policy_object(orch, http):
-    assert refused(http, "PATCH", http.get("/v1/policy").json()) == (
+    assert refused(http, "PATCH", http.get("/v1/policy").json()).startswith(
         'send the "policy" object of GET /v1/policy, not its whole body. '
-        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted"
+        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: cooldown_epochs, "
     )
 
 
 def test_a_dotted_field_name_is_422_showing_the_nested_object(orch, http):
-    assert refused(http, "PATCH", {"filter.std_tol": 0.1}) == (
+    assert refused(http, "PATCH", {"filter.std_tol": 0.1}).startswith(
         'nested fields are objects: {"filter": {"std_tol": ...}}, not "filter.std_tol". '
-        "filter.std_tol: Extra inputs are not permitted"
+        "filter.std_tol: Extra inputs are not permitted; valid fields: "
     )
+
+
+def test_a_rejected_value_is_quoted_in_the_message(orch, http):
+    assert refused(http, "PATCH", {"filter": {"std_tol": -1}}) == (
+        "filter.std_tol: Input should be greater than or equal to 0 (got -1)"
+    )
+
+
+def test_an_unknown_field_is_answered_with_the_valid_ones(orch, http):
+    message = refused(http, "PATCH", {"target_grups": 8})
+    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: cooldown_epochs, filter, group_size, ")
+    assert "target_groups" in message
+
+
+def test_a_cross_field_refusal_names_its_field_in_detail_once(orch, http):
+    r = http.patch("/v1/policy", json={"filter": {"band": [0.9, 0.1]}}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"] == "invalid_policy"
+    assert r.json()["message"] == "invalid resampling policy: filter: band must satisfy lo < hi, got (0.9, 0.1)"
+    assert r.json()["detail"] == [{"loc": ["filter"], "msg": "band must satisfy lo < hi, got (0.9, 0.1)", "type": "value_error"}]
 
 
 def test_bad_bodies_are_4xx_and_service_keeps_running(orch, http):
