@@ -150,10 +150,11 @@ def demo(
     redis_url: str | None = typer.Option(None, help="GiGPO: Redis URL for the anchor index (default: in memory)."),
     config: Path | None = typer.Option(
         None, exists=True, dir_okay=False,
-        help="YAML with the demo's settings (DAPO: orchestrator.jobs.dapo_demo.DemoConfig, e.g. examples/demo/dapo.yaml; "
-        "GiGPO: orchestrator.jobs.gigpo.GiGPOJobConfig); options given here override it.",
+        help="YAML with the demo's settings (DAPO: the fields of DemoConfig in orchestrator/jobs/dapo_demo.py, e.g. "
+        "examples/demo/dapo.yaml; GiGPO: GiGPOJobConfig in orchestrator/jobs/gigpo.py); options given here override it.",
     ),
-    out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON); default runs/demo."),
+    out: Path | None = typer.Option(None, help="Output directory (buffer, state and summary JSON; a run replaces the previous "
+                                    "run's there); default runs/demo."),
 ) -> None:
     """The sampling demo: DAPO dynamic sampling (or a GiGPO batch) without training; embedded defaults or a YAML config."""
     from orchestrator.cli.service import load_yaml_model
@@ -189,6 +190,8 @@ def demo(
 
     cfg = load_yaml_model(config, DemoConfig, {"batches": batches, "out_dir": out, "backend": backend and backend.value})
     out = cfg.out_dir
+    if (out / "buffer.db").exists():
+        console.print(f"starting afresh: the previous run's {out / 'buffer.db'} is replaced (--out keeps it)", soft_wrap=True)
     with Progress(TextColumn("[bold]batches"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console) as bar:
         task = bar.add_task("starting (model conversion and engine start-up)", total=cfg.batches)

@@ -43,7 +43,7 @@ def train_table(summary: dict) -> Table:
     rows = [
         ("held-out accuracy, warm-started policy", summary["start_heldout_acc"]),
         ("held-out accuracy, end", summary["end_heldout_acc"]),
-        ("held-out accuracy gain (points)", 100 * (summary["end_heldout_acc"] - summary["start_heldout_acc"])),
+        ("held-out accuracy gain (points)", f"{100 * (summary['end_heldout_acc'] - summary['start_heldout_acc']):+.1f}"),
         ("train batches (rollout steps)", summary["steps_done"]),
         ("rollouts generated", summary["rollouts"]),
         ("groups trained on", summary["groups_trained"]),
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(None, min=1, help="Trajectories to generate (default: the config's)."),
         redis_url: str | None = typer.Option(None, help="Anchor index in Redis (default: in memory)."),
         config: Path | None = typer.Option(None, exists=True, dir_okay=False,
-                                           help="YAML with orchestrator.jobs.gigpo_train.GiGPOTrainConfig fields."),
+                                           help="YAML with the fields of GiGPOTrainConfig (in orchestrator/jobs/gigpo_train.py)."),
         out: Path | None = typer.Option(None, help="Output directory (gigpo_train.json, gigpo_curves.png, metrics.prom)."),
     ) -> None:
         """GiGPO training run on CPU: FrozenLake agent, vLLM, anchor index + advantage workers, trainer, weight sync."""
@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
         seed: int | None = typer.Option(None, help="Seeds tasks, warm start, sampling and training (default 0)."),
         budget: int | None = typer.Option(None, min=1, help="Rollouts to generate (default: the config's)."),
         config: Path | None = typer.Option(None, exists=True, dir_okay=False,
-                                           help="YAML with orchestrator.jobs.dapo_train.DapoTrainConfig fields."),
+                                           help="YAML with the fields of DapoTrainConfig (in orchestrator/jobs/dapo_train.py)."),
         out: Path | None = typer.Option(None, help="Output directory (train.json, curves.png, sampling.png, metrics.prom)."),
     ) -> None:
         """The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval)."""

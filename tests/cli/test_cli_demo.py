@@ -28,3 +28,17 @@ def test_scripted_demo_prints_table_and_writes_consistent_json(tmp_path):
     # scripted tasks cycle all-correct / all-wrong / informative: both drop reasons occur
     assert s["classified_by_reason"]["all_correct"] > 0 and s["classified_by_reason"]["all_wrong"] > 0
     assert s["rollouts_total"] == 8 * s["groups_submitted"]
+
+
+@pytest.mark.slow
+def test_a_second_demo_in_the_same_directory_says_it_starts_afresh(tmp_path):
+    out = tmp_path / "demo"
+    runs = [
+        subprocess.run([str(BIN), "demo", "--backend", "scripted", "--batches", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+        for _ in range(2)
+    ]
+    assert [p.returncode for p in runs] == [0, 0], runs[1].stderr[-2000:]
+    assert "starting afresh" not in runs[0].stdout
+    assert f"starting afresh: the previous run's {out / 'buffer.db'} is replaced" in runs[1].stdout
+    assert json.loads((out / "demo.json").read_text())["stats"]["batches_emitted"] == 1
