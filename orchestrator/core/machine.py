@@ -279,7 +279,8 @@ class OrchestratorCore:
         if policy.group_size != self.policy.group_size and (self.carry or self.candidates):
             raise ValueError(
                 f"group_size: cannot change from {self.policy.group_size} to {policy.group_size} "
-                f"while {len(self.carry) + len(self.candidates)} groups are held"
+                f"while {len(self.carry) + len(self.candidates)} groups are held (they have {self.policy.group_size} "
+                "rollouts each); change it once the stats' groups_held is 0"
             )
         self.policy = policy
         self.policy_revision += 1

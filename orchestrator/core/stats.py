@@ -69,7 +69,7 @@ class BatchStats(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    batch_id: int = Field(title="batch")
+    batch_id: int = Field(title="last batch released (id)")
     mean_reward_all: float | None = Field(title="batch mean reward: all groups")
     mean_reward_kept: float | None = Field(title="batch mean reward: informative groups")
     mean_reward_trained: float | None = Field(title="batch mean reward: trained rollouts")
@@ -106,7 +106,7 @@ class Stats(BaseModel):
         description="Laplace-smoothed share of all groups classified informative so far, (k + 1) / (g + 2).",
     )
     replenish_rounds: int = Field(title="replenish rounds")
-    rounds_per_batch: list[int] = Field(title="replenish rounds per batch", description="The most recent batches, oldest first.")
+    rounds_per_batch: list[int] = Field(title="replenish rounds per batch (latest batches, oldest first)", description="The most recent batches, oldest first.")
     cap_hits: int = Field(title="cap hits")
     reward_sum_all: float = Field(title="reward sum: all groups")
     reward_count_all: int = Field(title="rewards counted: all groups")

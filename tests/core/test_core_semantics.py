@@ -365,3 +365,15 @@ def test_newest_member_advances_the_model_version():
     c = core()
     c.submit([group("t0", [1.0, -1.0], versions=[2, 7])])
     assert c.stats().model_version == 7
+
+
+def test_group_size_cannot_change_while_groups_are_held_and_can_once_none_is():
+    c = core(target_groups=2)
+    c.submit([group("t0", [1.0, -1.0])])  # informative, carried: the batch needs 2
+    with pytest.raises(ValueError, match=r"group_size: cannot change from 2 to 4 while 1 groups are held .* groups_held is 0"):
+        c.set_policy(c.policy.updated({"group_size": 4}))
+    assert c.policy.group_size == 2
+    c.submit([group("t1", [1.0, -1.0])])
+    assert c.try_emit() is not None and c.stats().groups_held == 0  # the batch is full and released: nothing held
+    c.set_policy(c.policy.updated({"group_size": 4}))
+    assert c.policy.group_size == 4
