@@ -163,8 +163,9 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
             return [], {}
         with gc_paused():  # no cycles allocated: no collection mid-batch
             order = MemoryOrder(exps)  # shared by the reading and the write-back
+            masks = TokenMasks(order)  # joined in a worker thread while the advantages are computed
             codes, adv, mean, std = self.compute(exps, order)
-            write_token_advantages(exps, adv, order=order)
+            write_token_advantages(exps, adv, masks=masks)
             out = list(map(exps.__getitem__, np.argsort(codes, kind="stable").tolist()))
         metrics: dict[str, float] = {}
         for name, values in (("reward_mean", mean), ("reward_std", std)):
