@@ -17,12 +17,6 @@ from trinity.common.experience import Experience as TrinityExperience
 
 from algos.groups import first_rows
 
-EID = operator.attrgetter("eid")
-INFO = operator.attrgetter("info")
-RUN = operator.attrgetter("run")
-STEP = operator.attrgetter("step")
-BATCH = operator.attrgetter("batch")
-TASK = operator.attrgetter("task")
 REWARD = operator.attrgetter("reward")
 NO_INFO: dict = {}
 """Read in place of an experience's missing (None or empty) ``info``; never written."""

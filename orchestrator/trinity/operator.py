@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import os
 import uuid
 from pathlib import Path
@@ -27,7 +26,7 @@ from orchestrator.trinity.attach import (
     new_session,
     trinity_task_id,
 )
-from orchestrator.trinity.fields import BATCH, EID, INFO, MASKED, NO_INFO, RUN, STEP, TASK, tid_codes
+from orchestrator.trinity.fields import MASKED, NO_INFO, tid_codes
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -38,6 +37,35 @@ def _floats(values: list) -> np.ndarray:
     except (TypeError, ValueError):
         return np.array([x if isinstance(x, (int, float)) and not isinstance(x, bool) else np.nan for x in values],
                         dtype=np.float64)
+
+
+def _read_steps(exps: list[TrinityExperience], judged: str | None) -> tuple[list, ...]:
+    """Each experience's fields for :meth:`OrchestratorOperator.to_table`, read in one visit of it.
+
+    One Python loop reads every field of an experience while it is in cache, where one C-level
+    ``map`` pass per field touched every experience, EID, info and metrics dict again (measured,
+    4096 x 16 single-turn experiences: about 75 ms for the eight passes).
+
+    Returns:
+        lists of N: ``eid.batch``, ``eid.task``, ``eid.run``, ``eid.step``, ``info`` (a missing
+        one read as an empty dict), whether ``info`` has ``step_reward``, ``reward``,
+        ``info["model_version"]`` (0 when absent) and ``metrics[judged]`` (None when absent, or
+        every one None when ``judged`` is None).
+    """
+    batches, tasks, runs, steps, infos, has_step, rewards, versions, values = [], [], [], [], [], [], [], [], []
+    for e in exps:
+        eid = e.eid
+        batches.append(eid.batch)
+        tasks.append(eid.task)
+        runs.append(eid.run)
+        steps.append(eid.step)
+        info = e.info or NO_INFO
+        infos.append(info)
+        has_step.append("step_reward" in info)
+        rewards.append(e.reward)
+        versions.append(info.get("model_version", 0))
+        values.append((e.metrics or NO_INFO).get(judged) if judged is not None else None)
+    return batches, tasks, runs, steps, infos, has_step, rewards, versions, values
 
 
 def _finite(x: Any) -> bool:
@@ -163,7 +191,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
             path.unlink(missing_ok=True)
 
     def to_table(self, exps: list[TrinityExperience]) -> tuple[GroupTable | None, dict[str, list[TrinityExperience]], int]:
-        """Group one explore step's experiences into columns (one C-level pass per field).
+        """Group one explore step's experiences into columns (each experience read in one visit, :func:`_read_steps`).
 
         Rollouts are ``(eid.batch, eid.task, eid.run)``, groups ``(eid.batch, eid.task)`` (Trinity's
         ``rid`` and ``tid``), in order of first appearance. Each rollout's row values: ``reward``
@@ -180,10 +208,12 @@ class OrchestratorOperator(ExperienceOperatorV1):
         num = len(exps)
         if not num:
             return None, {}, 0
-        eids = list(map(EID, exps))
-        group, group_keys = tid_codes(list(map(BATCH, eids)), list(map(TASK, eids)))
-        run = np.fromiter(map(RUN, eids), np.int64, num)
-        step = np.fromiter(map(STEP, eids), np.int64, num)
+        judge = self.policy.filter.judge
+        name = "accuracy" if judge == "auto" else None if judge == "reward" else judge
+        batches, tasks, runs, steps, infos, has_step, rewards_of, versions_of, judged_of = _read_steps(exps, name)
+        group, group_keys = tid_codes(batches, tasks)
+        run = np.array(runs, dtype=np.int64).reshape(num)
+        step = np.array(steps, dtype=np.int64).reshape(num)
         lo = int(run.min())
         order = np.lexsort((step, run, group))  # by group, run, step (stable: ties keep their order)
         rollout_key = (group * (int(run.max()) - lo + 1) + (run - lo))[order]
@@ -192,8 +222,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         r_group = group[order[first]]
         sizes = np.bincount(r_group, minlength=len(group_keys))
         complete = sizes == n
-        infos = [i if i else NO_INFO for i in map(INFO, exps)]
-        has_step = np.fromiter(map(operator.methodcaller("__contains__", "step_reward"), infos), bool, num)
+        has_step = np.array(has_step, dtype=bool).reshape(num)
         if has_step.any():  # multi-turn: per-step rewards add up to the rollout's
             step_r = np.fromiter((float(i.get("step_reward", 0.0)) for i in infos), np.float64, num)[order]
             sums = np.add.reduceat(step_r, first)
@@ -201,15 +230,13 @@ class OrchestratorOperator(ExperienceOperatorV1):
         else:
             sums, uses_steps = None, None
         last_list = last.tolist()
-        rewards = _floats([exps[i].reward for i in last_list])
+        rewards = _floats(list(map(rewards_of.__getitem__, last_list)))
         if sums is not None:
             rewards = np.where(uses_steps, sums, rewards)
-        versions = np.fromiter((int(infos[i].get("model_version", 0) or 0) for i in last_list), np.int64, len(last_list))
-        judge = self.policy.filter.judge
-        name = "accuracy" if judge == "auto" else None if judge == "reward" else judge
+        versions = np.fromiter((int(versions_of[i] or 0) for i in last_list), np.int64, len(last_list))
         metrics = {}
         if name is not None:
-            metrics[name] = _floats([(exps[i].metrics or NO_INFO).get(name) for i in last_list])
+            metrics[name] = _floats(list(map(judged_of.__getitem__, last_list)))
         keep = complete[r_group]  # rollouts of complete groups, grouped, runs ascending
         incomplete = int((~complete).sum())
         if not keep.any():

@@ -482,6 +482,21 @@ def test_multi_step_rollout_reward_sums_step_rewards(orchestrator_actor):
     assert [(s.eid.run, s.eid.step) for s in payload[table.refs[0]]] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
 
 
+def test_a_rollouts_reward_version_and_judged_metric_come_from_its_last_step(orchestrator_actor):
+    name, policy, _ = orchestrator_actor
+    op = OrchestratorOperator(actor_name=name, namespace="trinity-dso", policy=policy)
+    steps = [
+        texp(1, 0, 0, -1.0, step=0, metrics={"accuracy": 0.0}, version=2),
+        texp(1, 0, 0, 1.0, step=1, metrics={"accuracy": 1.0}, version=3),
+        texp(1, 0, 1, 0.5, step=0, metrics={"accuracy": 1.0}, version=4),
+        texp(1, 0, 1, None, step=1, metrics=None, version=None),  # no reward, no metric, no version
+    ]
+    table, _, _ = op.to_table(steps[::-1])
+    assert table.runs.tolist() == [[0, 1]] and table.versions.tolist() == [[3, 0]]
+    assert table.rewards[0, 0] == 1.0 and math.isnan(table.rewards[0, 1])
+    assert table.metrics["accuracy"][0, 0] == 1.0 and math.isnan(table.metrics["accuracy"][0, 1])
+
+
 # ------------------------------------------------------------------------- selector
 def test_selector_hands_out_orchestrator_tasks_as_indices(ray_local):
     from trinity.buffer.reader.file_reader import _HFBatchReader
