@@ -18,8 +18,9 @@ export VLLM_PLUGINS ?= none
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
+export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench docs install clean
 
 install: $(STAMP)
 
@@ -62,11 +63,16 @@ $(VENV)/.prometheus: | $(STAMP)
 	  echo "prometheus not installed: tests/service/test_metrics.py::test_a_real_prometheus_scrapes_the_service will skip"
 	touch $@
 
-test: $(STAMP) $(VENV)/.prometheus
+# The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link or anchor, or a
+# page left out of the nav, fails it. Offline, a few seconds; `make test` builds it first.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+test: $(STAMP) $(VENV)/.prometheus docs
 	$(PY) -m pytest
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
