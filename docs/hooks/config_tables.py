@@ -56,7 +56,9 @@ def load(module: str, name: str) -> type[BaseModel]:
 
 def _rst_to_md(text: str) -> str:
     """The reStructuredText bits our docstrings use, as Markdown: ``x`` -> `x`, :role:`~a.b` -> `b`."""
-    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: "`" + (m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1)) + "`", text)
+    text = re.sub(
+        r":\w+:`~?([^`]+)`", lambda m: "`" + (m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1)) + "`", text
+    )
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
@@ -201,8 +203,16 @@ def default_text(info: FieldInfo) -> str:
     return _value(info.default)
 
 
-_BOUNDS = (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"), ("multiple_of", "multiple of"),
-           ("min_length", "length ≥"), ("max_length", "length ≤"), ("pattern", "matches"))
+_BOUNDS = (
+    ("gt", ">"),
+    ("ge", "≥"),
+    ("lt", "<"),
+    ("le", "≤"),
+    ("multiple_of", "multiple of"),
+    ("min_length", "length ≥"),
+    ("max_length", "length ≤"),
+    ("pattern", "matches"),
+)
 
 
 def constraints_text(info: FieldInfo) -> str:
@@ -251,15 +261,25 @@ def table(model: type[BaseModel], page: str = "", level: int = 3) -> str:
         key = info.alias or name
         description = info.description or attrs.get(name, "")
         if not description and _is_model(info.annotation):
-            description = (_sections(info.annotation)[0].split("\n\n")[0])
-        cells = (f"`{key}`", type_text(info.annotation, page), default_text(info), constraints_text(info), _rst_to_md(description))
+            description = _sections(info.annotation)[0].split("\n\n")[0]
+        cells = (
+            f"`{key}`",
+            type_text(info.annotation, page),
+            default_text(info),
+            constraints_text(info),
+            _rst_to_md(description),
+        )
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    checks = [_rst_to_md(inspect.cleandoc(d.func.__doc__))
-              for d in model.__pydantic_decorators__.model_validators.values()
-              if getattr(d.func, "__doc__", None)]
-    checks += [_rst_to_md(inspect.cleandoc(d.func.__doc__))
-               for d in model.__pydantic_decorators__.field_validators.values()
-               if getattr(d.func, "__doc__", None)]
+    checks = [
+        _rst_to_md(inspect.cleandoc(d.func.__doc__))
+        for d in model.__pydantic_decorators__.model_validators.values()
+        if getattr(d.func, "__doc__", None)
+    ]
+    checks += [
+        _rst_to_md(inspect.cleandoc(d.func.__doc__))
+        for d in model.__pydantic_decorators__.field_validators.values()
+        if getattr(d.func, "__doc__", None)
+    ]
     if checks:
         lines += ["", "Checks when it is built:", ""] + [f"- {' '.join(c.split())}" for c in checks]
     return "\n".join(lines) + "\n"
