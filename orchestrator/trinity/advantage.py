@@ -22,6 +22,7 @@ from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
+from algos.checks import check_number
 from algos.dapo import InvalidGroupError
 from algos.gigpo import (
     GiGPOAdvantages,
@@ -83,7 +84,8 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
     Args:
         epsilon: added to the std, > 0 (Trinity's and verl's 1e-6).
     Raises:
-        ValueError: ``epsilon <= 0``, or one of the options above set to a non-default value.
+        ValueError: ``epsilon`` not a finite number > 0, or one of the options above set to a
+            non-default value.
         algos.dapo.InvalidGroupError: at call time, a missing or non-finite reward (names the
             row and the group).
     """
@@ -91,8 +93,7 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
     _UNSUPPORTED = {"std_threshold": None, "duplicate_experiences": False, "rank_penalty": None, "std_cal_level": "group"}
 
     def __init__(self, epsilon: float = 1e-6, **kwargs: Any) -> None:
-        if not float(epsilon) > 0:
-            raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
+        check_number("epsilon", epsilon, gt=0.0)
         for key, default in self._UNSUPPORTED.items():
             if kwargs.get(key, default) != default:
                 raise ValueError(f"{key}: {kwargs[key]!r} is not supported by dso_grpo (only {default!r}); use Trinity's grpo")
@@ -308,8 +309,32 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         )
 
     def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
-        """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
-        return self._compute(exps, self.rows(exps))
+        """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects): the
+        numbers :meth:`process` writes.
+
+        A step of a member the orchestrator masked (``info["dso_masked"]``) is left out as
+        :meth:`process` leaves it out: the other rows get exactly what the batch without it
+        gives, and its own row gets ``advantages``, ``episode`` and ``step`` 0, ``returns`` and
+        ``episode_returns`` NaN (its reward may be missing), ``anchor_ids`` -1 and
+        ``anchor_sizes`` 0 (it is in no anchor group).
+        """
+        order = MemoryOrder(exps)
+        masked = masked_rows(exps, order)
+        if masked is None:
+            return self._compute(exps, self.rows(exps, order))
+        n = len(exps)
+        out = GiGPOAdvantages(
+            advantages=np.zeros(n), episode=np.zeros(n), step=np.zeros(n), returns=np.full(n, np.nan),
+            episode_returns=np.full(n, np.nan), anchor_ids=np.full(n, -1, dtype=np.int64),
+            anchor_sizes=np.zeros(n, dtype=np.int64),
+        )
+        keep = np.flatnonzero(~masked)
+        if keep.size:
+            used = list(map(exps.__getitem__, keep.tolist()))
+            res = self._compute(used, self.rows(used))
+            for name in ("advantages", "episode", "step", "returns", "episode_returns", "anchor_ids", "anchor_sizes"):
+                getattr(out, name)[keep] = getattr(res, name)
+        return out
 
     def _compute(self, exps: list[TrinityExperience], r: StepRows) -> GiGPOAdvantages:
         if self.config.similarity_threshold is None:  # integer keys all the way (the usual case)
@@ -476,8 +501,11 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
                 "singleton_episode='zero', std='sample', episode_weighting='trajectory' and exact state hashes "
                 "only (use dso_gigpo for these options)"
             )
-        if group_size is not None and int(group_size) < 1:
-            raise ValueError(f"group_size: must be >= 1 or null, got {group_size}")
+        if group_size is not None:
+            check_number("group_size", group_size, ge=1, integer=True)
+        check_number("ttl_s", ttl_s, gt=0.0)
+        check_number("wait_timeout_s", wait_timeout_s, ge=0.0)
+        check_number("lookup_timeout_s", lookup_timeout_s, ge=0.0)
         self.group_size = None if group_size is None else int(group_size)
         self.actor_name = actor_name
         self.namespace = namespace

@@ -81,7 +81,7 @@ def test_overlong_cache_equal_to_max_is_allowed():
 
 @pytest.mark.parametrize("cache", [0, -1, 11])
 def test_overlong_rejects_cache_outside_range(cache):
-    with pytest.raises(ValueError, match=r"cache_length must be in \(0, max_response_length=10\]"):
+    with pytest.raises(ValueError, match=r"cache_length: must be (a finite whole number > 0|<= max_response_length=10), got"):
         overlong_penalty(np.array([1]), max_response_length=10, cache_length=cache)
 
 
