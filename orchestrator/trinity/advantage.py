@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from pydantic import ValidationError
 from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
@@ -264,8 +265,9 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         step_reward_key, env_state_hash_key, action_valid_key, state_text_key:
             ``Experience.info`` keys.
     Raises:
-        ValueError: an unknown argument (the message lists the valid ones).
-        pydantic.ValidationError: out-of-range arguments (via :class:`algos.gigpo.GiGPOConfig`).
+        ValueError: an unknown argument (the message lists the valid ones), or an argument that
+            is not finite or out of range (checked by :class:`algos.gigpo.GiGPOConfig`; the
+            message names the ``advantage_fn_args`` key and the value).
         algos.gigpo.InvalidStepError: at call time, a non-finite reward, a duplicate or
             missing step of a trajectory (the message names the row, group and run).
     """
@@ -273,13 +275,18 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __init__(self, **kwargs: Any) -> None:
         refuse_unknown("dso_gigpo", kwargs, list(_GIGPO_ARGS))
         a = {**_GIGPO_ARGS, **kwargs}
-        self.config = GiGPOConfig(
-            omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
-            episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
-            invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
-            similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
-            similarity_grouping=a["similarity_grouping"],
-        )
+        try:
+            self.config = GiGPOConfig(
+                omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
+                episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
+                invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
+                similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
+                similarity_grouping=a["similarity_grouping"],
+            )
+        except ValidationError as err:  # named as the YAML names them (fnorm, epsilon)
+            e = err.errors(include_url=False)[0]
+            field = {"norm": "fnorm", "eps": "epsilon"}.get(str(e["loc"][0]), str(e["loc"][0])) if e["loc"] else "?"
+            raise ValueError(f"advantage_fn_args.{field}: {e['msg']}, got {e.get('input')!r}") from None
         self.step_reward_key = str(a["step_reward_key"])
         self.env_state_hash_key = str(a["env_state_hash_key"])
         self.action_valid_key = str(a["action_valid_key"])
@@ -463,7 +470,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
     Raises:
         ValueError: an unknown argument (the valid ones are listed) or an option the index
             cannot honour.
-        pydantic.ValidationError: out-of-range GiGPO arguments.
+        ValueError: GiGPO arguments or timeouts that are not finite or out of range (named).
         algos.gigpo.InvalidStepError: a non-finite reward, a duplicate or missing step.
         orchestrator.trinity.attach.OrchestratorNotFoundError: no ``redis_url`` and no actor.
         orchestrator.anchors.owner.AnchorIndexNotConfiguredError: the actor has no anchor index.
