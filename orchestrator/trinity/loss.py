@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from trinity.algorithm.policy_loss_fn import PolicyLossFn
 
 from algos.dapo import EmptySeqs, LossAggMode, aggregate_loss, clip_higher_policy_loss
@@ -64,7 +64,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             ``"count"`` counts them (Trinity 0.6's ``aggregate_loss``), which scales the loss of
             a batch closed at the cap with k of K groups kept by k / K.
     Raises:
-        pydantic.ValidationError (a ValueError), naming the field and value: a value that is not
+        ValueError, naming the field and value: a value that is not
             finite or out of range, an unknown ``loss_agg_mode`` or ``loss_agg_empty_seqs``, or
             ``seq-mean-token-sum-norm`` without a positive length (:class:`ClipHigherLossArgs`).
     """
@@ -79,10 +79,18 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         loss_agg_norm_length: int | None = None,
         loss_agg_empty_seqs: str = "skip",
     ) -> None:
-        args = ClipHigherLossArgs(
-            backend=backend, clip_range_low=clip_range_low, clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
-            loss_agg_mode=loss_agg_mode, loss_agg_norm_length=loss_agg_norm_length, loss_agg_empty_seqs=loss_agg_empty_seqs,
-        )
+        try:
+            args = ClipHigherLossArgs(
+                backend=backend, clip_range_low=clip_range_low, clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
+                loss_agg_mode=loss_agg_mode, loss_agg_norm_length=loss_agg_norm_length,
+                loss_agg_empty_seqs=loss_agg_empty_seqs,
+            )
+        except ValidationError as err:  # one line naming the YAML key and the value
+            e = err.errors(include_url=False)[0]
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["loc"]:
+                msg = f"{'.'.join(map(str, e['loc']))}: {msg}, got {e.get('input')!r}"
+            raise ValueError(msg) from None
         super().__init__(backend=backend)
         self.args = args
         self.loss_agg_norm_length = args.loss_agg_norm_length
