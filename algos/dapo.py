@@ -16,10 +16,17 @@ from typing import Literal
 import numpy as np
 import torch
 
-from algos.groups import Norm, StdConvention, normalise_in_groups
+from algos.checks import check_number
+from algos.groups import Norm, StdConvention, check_norm, normalise_in_groups
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+EmptySeqs = Literal["skip", "count"]
+"""Whether a sequence without any response token (a padding group's, a masked member's) counts
+in the ``B`` of the ``seq-*`` loss modes: ``"skip"`` (default) leaves it out, as verl's
+``agg_loss`` does ("exclude fully masked sequences"), so zero-weight sequences change nothing;
+``"count"`` counts every row, as Trinity 0.6's ``aggregate_loss`` (``seq_losses.mean()``) does."""
+EMPTY_SEQS: tuple[str, ...] = ("skip", "count")
 
 
 class InvalidGroupError(ValueError):
@@ -98,7 +105,8 @@ def classify_groups(
     Raises:
         InvalidGroupError: ``values`` is not 2-D, is empty, or holds NaN/inf in a valid
             member (names the index).
-        ValueError: ``std_tol < 0`` or ``band`` with ``lo >= hi``.
+        ValueError: ``std_tol`` negative or not finite, a threshold or band end not finite, or
+            ``band`` with ``lo >= hi`` (names the parameter and value).
     """
     v = np.asarray(values, dtype=np.float64)
     if v.ndim != 2 or v.shape[0] == 0 or v.shape[1] == 0:
@@ -107,10 +115,16 @@ def classify_groups(
     if ok.shape != v.shape:
         raise InvalidGroupError(f"valid: shape {ok.shape} differs from values {v.shape}")
     _check_finite(np.where(ok, v, 0.0), "values")
-    if std_tol < 0:
-        raise ValueError(f"std_tol must be >= 0, got {std_tol}")
-    if band is not None and not band[0] < band[1]:
-        raise ValueError(f"band must satisfy lo < hi, got {band}")
+    check_number("std_tol", std_tol, ge=0.0)
+    check_number("correct_threshold", correct_threshold)
+    check_number("wrong_threshold", wrong_threshold)
+    if band is not None:
+        if len(band) != 2:
+            raise ValueError(f"band: expected (lo, hi), got {band!r}")
+        check_number("band[0]", band[0])
+        check_number("band[1]", band[1])
+        if not band[0] < band[1]:
+            raise ValueError(f"band: must satisfy lo < hi, got {band}")
 
     G = v.shape[0]
     count = ok.sum(axis=1)
@@ -161,20 +175,20 @@ def overlong_penalty(
     Returns:
         (N,) float64 in ``[-penalty_factor, 0]``.
     Raises:
-        ValueError: ``cache_length`` not in (0, max_response_length], ``max_response_length``
-            <= 0, a negative factor, or a negative length.
+        ValueError: ``cache_length`` not a whole number in (0, max_response_length],
+            ``max_response_length`` not a whole number > 0, a negative or non-finite factor, or a
+            negative or non-finite length (names the parameter and value).
     """
-    if max_response_length <= 0:
-        raise ValueError(f"max_response_length must be > 0, got {max_response_length}")
-    if not 0 < cache_length <= max_response_length:
-        raise ValueError(
-            f"cache_length must be in (0, max_response_length={max_response_length}], got {cache_length}"
-        )
-    if penalty_factor < 0:
-        raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor}")
+    check_number("max_response_length", max_response_length, gt=0, integer=True)
+    check_number("cache_length", cache_length, gt=0, integer=True)
+    if cache_length > max_response_length:
+        raise ValueError(f"cache_length: must be <= max_response_length={max_response_length}, got {cache_length!r}")
+    check_number("penalty_factor", penalty_factor, ge=0.0)
     lengths = np.asarray(response_lengths, dtype=np.float64)
-    if (lengths < 0).any():
-        raise ValueError(f"response_lengths: negative length {lengths[lengths < 0][0]!r}")
+    bad = ~(np.isfinite(lengths) & (lengths >= 0))
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        raise ValueError(f"response_lengths: length {lengths[i].item()!r} at index {i} is not a finite number >= 0")
     start = max_response_length - cache_length
     ramp = (start - lengths) / cache_length
     penalty = np.where(lengths <= start, 0.0, np.where(lengths <= max_response_length, ramp, -1.0))
@@ -211,8 +225,9 @@ def group_advantages(
         valid members only) and for every masked member.
     Raises:
         InvalidGroupError: a reward is NaN or infinite (names its index), or shapes differ.
-        ValueError: unknown ``norm``.
+        ValueError: unknown ``norm`` or ``std``, or ``eps`` negative or not finite.
     """
+    check_norm(norm, eps, std)
     r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
     g = torch.as_tensor(group_ids, dtype=torch.int64).reshape(-1)
     if r.shape != g.shape:
@@ -241,6 +256,7 @@ def aggregate_loss(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     norm_length: float | None = None,
+    empty_seqs: EmptySeqs = "skip",
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar, exactly as over the whole batch when split in micro-batches.
 
@@ -257,43 +273,73 @@ def aggregate_loss(
     to the whole-batch value exactly (up to float rounding). Without them, ``N`` and ``B`` are
     the micro-batch's own (a mean over the micro-batch, like Trinity's ``aggregate_loss``).
 
+    ``B`` counts the sequences with at least one response token (``empty_seqs="skip"``, the
+    default, as verl's ``agg_loss``: "exclude fully masked sequences"): a padding group or a
+    masked member, whose mask is all zero, has zero loss weight under every mode and does not
+    dilute the others, so a batch closed at the cap with k of K groups kept is not scaled by
+    k / K. ``empty_seqs="count"`` counts every row (Trinity 0.6's ``aggregate_loss``:
+    ``seq_losses.mean()`` over the micro-batch). ``token-mean`` is the same under both.
+
     Differences from the references: verl's and Trinity's ``seq-mean-token-sum-norm`` divide
     the token sum by ``L`` only (no ``1 / B``), which scales the loss by the batch size; ours
-    follows the paper's ``1 / G`` and equals theirs divided by ``B``. A sequence without any
-    response token contributes 0 to ``seq-mean-token-mean`` but still counts in ``B``.
+    follows the paper's ``1 / G`` and equals theirs divided by ``B``.
 
     Args:
         loss_mat: (B_mb, T) float. Per-token loss of this micro-batch.
         mask: (B_mb, T) bool or {0, 1}. Response tokens that count (0 on padding and on
             masked rollouts).
         mode: one of :data:`LOSS_AGG_MODES`.
-        global_tokens: N, response tokens of the whole batch, > 0; default ``mask.sum()``
-            (``token-mean`` only).
-        global_seqs: B, sequences of the whole batch, > 0; default ``B_mb`` (``seq-*`` modes).
-        norm_length: L in tokens, > 0; required for ``seq-mean-token-sum-norm`` (keep it
+        global_tokens: N, response tokens of the whole batch, finite, > 0 and at least this
+            micro-batch's own count; default ``mask.sum()`` (``token-mean`` only).
+        global_seqs: B, sequences of the whole batch (counted per ``empty_seqs``), finite, > 0
+            and at least this micro-batch's own count; default the micro-batch's (``seq-*`` modes).
+        norm_length: L in tokens, finite, > 0; required for ``seq-mean-token-sum-norm`` (keep it
             constant through training, e.g. the response budget ``max_tokens``).
+        empty_seqs: ``"skip"`` or ``"count"``, see :data:`EmptySeqs`.
     Returns:
-        () float, differentiable in ``loss_mat``. 0 for an empty mask under ``token-mean``
-        without ``global_tokens``.
+        () float, differentiable in ``loss_mat``. 0 for an empty mask without ``global_tokens``
+        or ``global_seqs``.
     Raises:
-        ValueError: unknown mode, shapes differ, a non-positive count or length, or
-            ``seq-mean-token-sum-norm`` without ``norm_length``.
+        ValueError: unknown mode or ``empty_seqs``, shapes differ, a count or length that is not
+            a finite number > 0, a global count below the micro-batch's own (the micro-batch
+            would weigh more than the whole batch), or ``seq-mean-token-sum-norm`` without
+            ``norm_length`` (names the parameter and value).
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
+    if empty_seqs not in EMPTY_SEQS:
+        raise ValueError(f"empty_seqs: must be one of {list(EMPTY_SEQS)}, got {empty_seqs!r}")
     if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
     for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs), ("norm_length", norm_length)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{name}: must be > 0, got {value!r}")
+        if value is not None:
+            check_number(name, value, gt=0.0)
     m = mask.to(loss_mat.dtype)
     masked = torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m
     if mode == "token-mean":
-        denom = float(global_tokens) if global_tokens is not None else m.sum().clamp(min=1.0)
-        return masked.sum() / denom
-    seqs = float(global_seqs) if global_seqs is not None else float(max(loss_mat.shape[0], 1))
+        if global_tokens is None:
+            return masked.sum() / m.sum().clamp(min=1.0)
+        own = float(m.sum())
+        if global_tokens < own:
+            raise ValueError(
+                f"global_tokens: {global_tokens!r} is below this micro-batch's own {own:g} response tokens "
+                "(it must count the whole batch's)"
+            )
+        return masked.sum() / float(global_tokens)
+    tokens = m.sum(dim=-1)
+    counted = (tokens > 0).to(loss_mat.dtype) if empty_seqs == "skip" else torch.ones_like(tokens)
+    if global_seqs is None:
+        seqs = counted.sum().clamp(min=1.0)
+    else:
+        own = float(counted.sum())
+        if global_seqs < own:
+            raise ValueError(
+                f"global_seqs: {global_seqs!r} is below this micro-batch's own {own:g} sequences "
+                f"(empty_seqs={empty_seqs!r}; it must count the whole batch's)"
+            )
+        seqs = float(global_seqs)
     if mode == "seq-mean-token-mean":
-        per_seq = masked.sum(dim=-1) / m.sum(dim=-1).clamp(min=1.0)
+        per_seq = masked.sum(dim=-1) / tokens.clamp(min=1.0)
         return per_seq.sum() / seqs
     if norm_length is None:
         raise ValueError("norm_length: seq-mean-token-sum-norm needs a fixed length L (e.g. the response budget max_tokens)")
@@ -301,11 +347,12 @@ def aggregate_loss(
 
 
 def _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip) -> None:
-    """Raise ``ValueError`` for clip parameters out of range or tensors of different shapes."""
-    if not 0 <= eps_low < 1 or eps_high < 0:
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    """Raise ``ValueError`` naming the parameter for clip parameters that are not finite or out
+    of range, or for tensors of different shapes."""
+    check_number("eps_low", eps_low, ge=0.0, lt=1.0)
+    check_number("eps_high", eps_high, ge=0.0)
+    if dual_clip is not None:
+        check_number("dual_clip", dual_clip, gt=1.0)
     shapes = {tuple(t.shape) for t in (logprobs, old_logprobs, advantages, response_mask)}
     if len(shapes) != 1:
         raise ValueError(f"logprobs, old_logprobs, advantages, response_mask shapes differ: {shapes}")
@@ -324,6 +371,7 @@ def clip_higher_policy_loss(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     norm_length: float | None = None,
+    empty_seqs: EmptySeqs = "skip",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip-higher PPO surrogate, token-level averaging by default (DAPO Eq. 10 and Sec. 3.1, 3.3).
 
@@ -344,12 +392,12 @@ def clip_higher_policy_loss(
         response_mask: (B, T) bool or {0,1}. 1 on response tokens.
         eps_low, eps_high: clip range, ``0 <= eps_low < 1``, ``eps_high >= 0`` (paper: 0.2, 0.28).
         dual_clip: lower bound c > 1 on the ratio's effect for negative advantages, or None.
-        loss_agg_mode, global_tokens, global_seqs, norm_length: see :func:`aggregate_loss`.
+        loss_agg_mode, global_tokens, global_seqs, norm_length, empty_seqs: see :func:`aggregate_loss`.
     Returns:
         loss: () float. The aggregated loss.
         clip_fraction: () float. Fraction of response tokens where the clip was active.
     Raises:
-        ValueError: clip parameters out of range or shapes differ.
+        ValueError: clip parameters not finite or out of range (names the parameter), or shapes differ.
     """
     _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip)
     mask = response_mask.to(logprobs.dtype)
@@ -363,7 +411,8 @@ def clip_higher_policy_loss(
     if dual_clip is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
     agg = aggregate_loss(
-        loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length
+        loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
+        empty_seqs=empty_seqs,
     )
     return agg, (clip_active * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -129,7 +129,7 @@ class GiGPOConfig(BaseModel):
             order, whose first member is similar enough, else starts a new one).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount factor, Eq. 5")
     omega: float = Field(1.0, ge=0.0, description="step-advantage weight, Eq. 8")

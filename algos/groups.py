@@ -20,14 +20,14 @@ verl's ``compute_grpo_outcome_advantage``, verl-agent's GiGPO and Trinity's ``gr
 
 
 def check_norm(norm: Any, eps: Any, std: Any = "sample") -> None:
-    """Raise ``ValueError`` naming the value when ``norm`` is not a :data:`Norm`, ``eps < 0``
-    or ``std`` is not a :data:`StdConvention`."""
+    """Raise ``ValueError`` naming the value when ``norm`` is not a :data:`Norm`, ``eps`` is not
+    a finite number >= 0, or ``std`` is not a :data:`StdConvention`."""
     if std not in ("sample", "population"):
         raise ValueError(f"std must be 'sample' or 'population', got {std!r}")
     if norm not in ("std", "none"):
         raise ValueError(f"norm must be 'std' or 'none', got {norm!r}")
-    if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0):
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if not (isinstance(eps, (int, float, np.floating)) and not isinstance(eps, bool) and 0 <= float(eps) < np.inf):
+        raise ValueError(f"eps: must be a finite number >= 0, got {eps!r}")
 
 
 def dense_ids(x: np.ndarray) -> np.ndarray:

@@ -83,7 +83,7 @@ class AnchorIndexConfig(BaseModel):
             of the current version). None: no version-based expiry, only ``ttl_s``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     redis_url: str | None = None
     prefix: str = Field("dso", min_length=1)

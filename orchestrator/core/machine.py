@@ -584,7 +584,9 @@ class OrchestratorCore:
             reward = r.reward
             value = reward if judge == "reward" else r.metrics.get(judge)
             where = f"in run {r.eid.run} of task {group.task_id!r}"
-            if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            if reward is None:
+                problems.append(f"reward: missing (None) {where}")
+            elif not isinstance(reward, (int, float)) or not math.isfinite(reward):
                 problems.append(f"reward: non-finite value {reward!r} {where}")
             elif abs(reward) > self.policy.max_abs_reward:
                 problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={self.policy.max_abs_reward:g} {where}")
@@ -645,7 +647,7 @@ class OrchestratorCore:
         n = self.policy.group_size
         rewards = np.full(n, np.nan)
         runs = [r.eid.run for r in g.rollouts]
-        rewards[runs] = [float(r.reward) for r in g.rollouts]
+        rewards[runs] = [np.nan if r.reward is None else float(r.reward) for r in g.rollouts]
         present = [int(r.info.get("model_version", g.model_version)) for r in g.rollouts]
         versions = np.full(n, max(present), dtype=np.int64)  # absent members: no effect on min / max
         versions[runs] = present

@@ -113,7 +113,8 @@ class ResamplingPolicy(BaseModel):
         description="'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
         "prompts dropped in this batch, topped up with fresh ones; 'none' is filter-only: "
         "uninformative groups are dropped and nothing is replenished (each batch closes after its "
-        "initial round, per on_cap).",
+        "initial round, per on_cap). Default 'fresh_tasks', or 'none' when filter.enabled is false "
+        "(nothing is dropped by the filter to replenish; 'fresh_tasks' is then refused).",
     )
     min_keep_rate: float = Field(
         0.1, gt=0.0, le=1.0, description="Floor on the predicted keep rate used to size a round (caps over-generation)."
@@ -189,8 +190,24 @@ class ResamplingPolicy(BaseModel):
         "(training moves that task's pass rate most); 1 = only the half-life forgets.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _replenish_default(cls, data: object) -> object:
+        """Without a ``replenish`` given, a policy whose filter is off replenishes nothing."""
+        if isinstance(data, dict) and "replenish" not in data:
+            f = data.get("filter")
+            enabled = f.get("enabled", True) if isinstance(f, dict) else getattr(f, "enabled", True)
+            if enabled is False:
+                data = {**data, "replenish": "none"}
+        return data
+
     @model_validator(mode="after")
     def _cross_fields(self) -> ResamplingPolicy:
+        if not self.filter.enabled and self.replenish == "fresh_tasks":
+            raise ValueError(
+                "replenish: 'fresh_tasks' with filter.enabled: false: the filter drops no group, so there is nothing "
+                "to replenish; set replenish to 'none' (or enable the filter)"
+            )
         if self.group_size == 1 and self.filter.enabled:
             raise ValueError(
                 "group_size: 1 with filter.enabled makes every group a singleton (zero variance, always dropped); "

@@ -45,7 +45,8 @@ class Experience:
         tokens: prompt followed by response token ids, length ``prompt_length + T``.
         prompt_length: number of prompt tokens at the start of ``tokens``.
         logprobs: (T,) behaviour-policy log-probabilities of the response tokens, in nats.
-        reward: scalar reward of the rollout (after any shaping).
+        reward: scalar reward of the rollout (after any shaping); None: no reward (refused under
+            ``group_validity="reject"``, masked under ``"mask"``).
         response_text: decoded response.
         info: free-form metadata (``model_version``, ``env_state_hash``, padding flags...).
         metrics: per-rollout numeric metrics (e.g. ``accuracy`` in {0, 1}, ``response_length``).
@@ -55,7 +56,7 @@ class Experience:
     tokens: list[int] = field(default_factory=list)
     prompt_length: int = 0
     logprobs: list[float] = field(default_factory=list)
-    reward: float = 0.0
+    reward: float | None = 0.0
     response_text: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)

@@ -60,7 +60,7 @@ class ExperienceIn(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, le=MAX_INT32)]]
     prompt_length: Count
     logprobs: list[Annotated[float, Field(allow_inf_nan=True)]]  # -inf is a valid log-probability
-    reward: Number
+    reward: Number | None  # None: no reward (refused under group_validity "reject", masked under "mask")
     response_text: str
     info: dict[str, Any]  # free-form (e.g. a trajectory's step experiences); the sink writes it with default=str
     metrics: dict[str, Number]

@@ -31,7 +31,7 @@ def _demo_policy() -> ResamplingPolicy:
 class DemoConfig(BaseModel):
     """Embedded defaults of ``trinity-dso demo`` (sized for ~10 minutes on 2 CPU cores)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     backend: Literal["vllm", "scripted"] = "vllm"
     batches: int = Field(4, ge=1, description="Train batches to emit.")

@@ -41,7 +41,7 @@ def _train_policy() -> ResamplingPolicy:
 class DapoTrainConfig(BaseModel):
     """Embedded defaults of ``trinity-dso train`` (``make demo``): about 1 minute on 2 idle CPU cores (measured 57-70 s)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = Field(0, description="Seeds tasks or maps, warm start, sampling and the trainer's mini-batch shuffle (trainer.seed is replaced).")
     out_dir: Path = Path("runs/train")

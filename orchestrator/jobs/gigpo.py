@@ -96,7 +96,7 @@ class GiGPOJobConfig(BaseModel):
         gigpo: advantage settings (paper defaults).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     env: Literal["frozenlake", "sokoban"] = "frozenlake"
     tasks: int = Field(8, ge=1)

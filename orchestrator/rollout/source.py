@@ -44,7 +44,7 @@ class OverlongConfig(BaseModel):
     Passed to :func:`algos.dapo.overlong_penalty`; see it for the formula.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_response_length: int = Field(gt=0, description="L_max in tokens (DAPO: 20480).")
     cache_length: int = Field(gt=0, description="L_cache in tokens, <= max_response_length (DAPO: 4096).")
@@ -66,7 +66,7 @@ class SamplingConfig(BaseModel):
     a short response budget for a 135M model on CPU.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     temperature: float = Field(1.0, ge=0, description="Softmax temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass, in (0, 1].")

@@ -19,7 +19,7 @@ TOKEN_ENV = "DSO_API_TOKEN"
 class ServiceSettings(BaseModel):
     """Settings of the REST deployment (``service`` section of the ``serve`` YAML config)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field("127.0.0.1", description="Address the HTTP proxy binds to; loopback unless told otherwise.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the Ray Serve proxy.")
@@ -91,7 +91,7 @@ def _variant_model(name: str, base: type[BaseModel], nested: dict[str, Any], doc
         nullable = type(None) in getattr(info.annotation, "__args__", ())
         ann = Optional[ann] if nullable else ann  # noqa: UP045
         fields[fname] = (ann, Field(... if required else None, description=info.description))
-    model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
+    model = create_model(name, __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False), **fields)
     model.__doc__ = doc
     return model
 

@@ -17,7 +17,7 @@ from orchestrator.service.api import ServiceSettings
 class ComponentConfig(BaseModel):
     """A task set or rollout source: a built-in ``kind`` or a ``factory`` import path."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: Literal["scripted", "default", "index", "factory", "none"] = Field(
         "scripted",
@@ -42,7 +42,7 @@ class ComponentConfig(BaseModel):
 class OrchestratorConfig(BaseModel):
     """The orchestrator actor to create (``orchestrator`` section of the ``serve`` YAML config)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = DEFAULT_NAME
     namespace: str = DEFAULT_NAMESPACE
@@ -60,7 +60,7 @@ class OrchestratorConfig(BaseModel):
 class DriverConfig(BaseModel):
     """Pull batches continuously (a stand-in for a trainer), for demos and dashboards."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = False
     interval_s: float = Field(1.0, ge=0, description="Pause between batches, in seconds.")
@@ -68,7 +68,7 @@ class DriverConfig(BaseModel):
 
 
 class RayConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     address: str | None = Field(None, description="None: start a local Ray; 'auto' or 'ray://...': join a cluster.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all).")
@@ -77,7 +77,7 @@ class RayConfig(BaseModel):
 class ServeConfig(BaseModel):
     """The ``trinity-dso serve`` YAML config (see ``examples/service/service.yaml``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ray: RayConfig = Field(default_factory=RayConfig)
     orchestrator: OrchestratorConfig | None = Field(default_factory=OrchestratorConfig)

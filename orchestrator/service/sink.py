@@ -3,7 +3,9 @@
 Each experience row carries its batch id, group index, padding flag and the group-relative
 advantage (``algos.dapo.group_advantages``, ``norm="std"``; zero for padding groups and for
 masked members, which also stay out of their group's mean and std), so a
-trainer can read a batch back without the orchestrator.
+trainer can read a batch back without the orchestrator. A masked member's reward that is
+missing, NaN or infinite is stored as NULL (never ``inf``), the original kept as a string in
+``info["dso_reward"]`` (``"inf"``, ``"-inf"`` or ``"nan"``; absent for a missing one).
 
 Given to the orchestrator actor, the same file also holds the actor's state
 (:mod:`orchestrator.service.store`): each batch is then written in the transaction that commits
@@ -13,6 +15,7 @@ the state which produced it.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import Protocol
@@ -41,7 +44,7 @@ CREATE TABLE IF NOT EXISTS experiences (
     reason TEXT NOT NULL,
     padding INTEGER NOT NULL,
     model_version INTEGER NOT NULL,
-    reward REAL,               -- NULL for a masked member whose reward was NaN or missing
+    reward REAL,               -- NULL for a masked member whose reward was missing, NaN or infinite
     advantage REAL NOT NULL,
     prompt_length INTEGER NOT NULL,
     tokens TEXT NOT NULL,
@@ -128,10 +131,13 @@ class SQLiteSink:
         k = 0
         for i, g in enumerate(batch.groups):
             for r in g.rollouts:
+                reward, info = r.reward, r.info
+                if reward is not None and not math.isfinite(reward):  # a masked member's (others are refused)
+                    reward, info = None, {**info, "dso_reward": str(float(reward))}  # 'inf', '-inf' or 'nan'
                 rows.append((
                     batch.batch_id, i, r.eid.task, r.eid.run, r.eid.step, g.reason, int(g.padding), g.model_version,
-                    r.reward, 0.0 if g.padding else float(adv[k]), r.prompt_length, json.dumps(r.tokens),
-                    json.dumps(r.logprobs), r.response_text, json.dumps(r.info, default=str), json.dumps(r.metrics),
+                    reward, 0.0 if g.padding else float(adv[k]), r.prompt_length, json.dumps(r.tokens),
+                    json.dumps(r.logprobs), r.response_text, json.dumps(info, default=str), json.dumps(r.metrics),
                 ))
                 k += 1
         db.execute(

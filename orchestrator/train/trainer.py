@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from algos.dapo import LOSS_AGG_MODES, aggregate_loss, clip_higher_token_loss, group_advantages
+from algos.dapo import LOSS_AGG_MODES, EmptySeqs, aggregate_loss, clip_higher_token_loss, group_advantages
 from orchestrator.core.types import Batch, Experience
 
 
@@ -44,7 +44,7 @@ class TrainStepError(RuntimeError):
 class TrainerConfig(BaseModel):
     """Settings of :class:`PolicyTrainer`. Defaults are DAPO's (Sec. 4.1) where it speaks."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate (DAPO: 1e-6 for a 32B model; the tiny policy: 3e-4, measured; 1e-3 first lost 15 points).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (DAPO: 0.1).")
@@ -52,6 +52,9 @@ class TrainerConfig(BaseModel):
     eps_high: float = Field(0.28, ge=0, description="Upper clip range epsilon_high (DAPO: 0.28; GRPO: = eps_low).")
     dual_clip: float | None = Field(None, gt=1, description="Dual-clip bound c for negative advantages (verl: 3); None = off.")
     loss_agg: str = Field("token-mean", description=f"Loss aggregation, one of {LOSS_AGG_MODES} (DAPO: token-mean).")
+    loss_agg_empty_seqs: EmptySeqs = Field(
+        "skip", description="seq-* modes: sequences without response tokens (padding, masked members) 'skip' the divisor "
+        "(verl's agg_loss) or 'count' in it (Trinity 0.6's aggregate_loss); see algos.dapo.EmptySeqs.")
     adv_norm: str = Field("std", description="Group advantage normalisation: 'std' (GRPO/DAPO) or 'none' (Dr. GRPO).")
     norm_length: int | None = Field(None, gt=0, description="L of seq-mean-token-sum-norm (Dr. GRPO), tokens; default the longest response of the first batch.")
     mini_batches: int = Field(2, ge=1, description="Optimizer updates per train batch (DAPO: 16 = 512 prompts / 32; here 2).")
@@ -250,8 +253,10 @@ class PolicyTrainer:
     def _update(self, data: dict[str, torch.Tensor], adv_seq: torch.Tensor, rows: torch.Tensor) -> dict[str, float]:
         cfg = self.config
         mask_all = data["response_mask"][rows]
-        total_tokens = float(mask_all.sum())
-        total_seqs = float(len(rows))
+        total_tokens = max(float(mask_all.sum()), 1.0)  # an all-padding mini-batch: loss 0, not a refusal
+        # B of the seq-* modes, counted as aggregate_loss counts it (empty sequences skipped by default)
+        counted = mask_all.sum(dim=1) > 0 if cfg.loss_agg_empty_seqs == "skip" else torch.ones(len(rows), dtype=torch.bool)
+        total_seqs = max(float(counted.sum()), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "entropy": 0.0, "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "pg_clipfrac_dual": 0.0,
                "kl_ref": 0.0, "ppo_kl": 0.0}
@@ -267,7 +272,7 @@ class PolicyTrainer:
             if cfg.entropy_coef:  # verl's dp_actor: policy_loss = pg_loss - entropy_coeff * agg_loss(entropy)
                 tok_loss = tok_loss - cfg.entropy_coef * ent
             loss = aggregate_loss(tok_loss, mask, cfg.loss_agg, global_tokens=total_tokens, global_seqs=total_seqs,
-                                  norm_length=self.norm_length)
+                                  norm_length=self.norm_length, empty_seqs=cfg.loss_agg_empty_seqs)
             if not torch.isfinite(loss):
                 raise TrainStepError(f"step {self.step}: loss is {loss.item()} (micro-batch rows {idx.tolist()[:8]}...)")
             loss.backward()

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 import ray
+from pydantic import ValidationError
 from trinity.algorithm.advantage_fn import AdvantageFn
 from trinity.buffer.operators import ExperienceOperator, ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
+from algos.checks import check_number
 from algos.dapo import InvalidGroupError
 from algos.gigpo import (
     GiGPOAdvantages,
@@ -83,7 +85,8 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
     Args:
         epsilon: added to the std, > 0 (Trinity's and verl's 1e-6).
     Raises:
-        ValueError: ``epsilon <= 0``, or one of the options above set to a non-default value.
+        ValueError: ``epsilon`` not a finite number > 0, or one of the options above set to a
+            non-default value.
         algos.dapo.InvalidGroupError: at call time, a missing or non-finite reward (names the
             row and the group).
     """
@@ -91,8 +94,7 @@ class DsoGRPOAdvantageFn(AdvantageFn, ExperienceOperator):
     _UNSUPPORTED = {"std_threshold": None, "duplicate_experiences": False, "rank_penalty": None, "std_cal_level": "group"}
 
     def __init__(self, epsilon: float = 1e-6, **kwargs: Any) -> None:
-        if not float(epsilon) > 0:
-            raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
+        check_number("epsilon", epsilon, gt=0.0)
         for key, default in self._UNSUPPORTED.items():
             if kwargs.get(key, default) != default:
                 raise ValueError(f"{key}: {kwargs[key]!r} is not supported by dso_grpo (only {default!r}); use Trinity's grpo")
@@ -263,8 +265,9 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         step_reward_key, env_state_hash_key, action_valid_key, state_text_key:
             ``Experience.info`` keys.
     Raises:
-        ValueError: an unknown argument (the message lists the valid ones).
-        pydantic.ValidationError: out-of-range arguments (via :class:`algos.gigpo.GiGPOConfig`).
+        ValueError: an unknown argument (the message lists the valid ones), or an argument that
+            is not finite or out of range (checked by :class:`algos.gigpo.GiGPOConfig`; the
+            message names the ``advantage_fn_args`` key and the value).
         algos.gigpo.InvalidStepError: at call time, a non-finite reward, a duplicate or
             missing step of a trajectory (the message names the row, group and run).
     """
@@ -272,13 +275,18 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
     def __init__(self, **kwargs: Any) -> None:
         refuse_unknown("dso_gigpo", kwargs, list(_GIGPO_ARGS))
         a = {**_GIGPO_ARGS, **kwargs}
-        self.config = GiGPOConfig(
-            omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
-            episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
-            invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
-            similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
-            similarity_grouping=a["similarity_grouping"],
-        )
+        try:
+            self.config = GiGPOConfig(
+                omega=a["omega"], gamma=a["gamma"], norm=a["fnorm"], eps=a["epsilon"], std=a["std"],
+                episode_weighting=a["episode_weighting"], singleton_episode=a["singleton_episode"],
+                invalid_action_penalty=a["invalid_action_penalty"], penalty_timing=a["penalty_timing"],
+                similarity_threshold=a["similarity_threshold"], similarity=a["similarity"],
+                similarity_grouping=a["similarity_grouping"],
+            )
+        except ValidationError as err:  # named as the YAML names them (fnorm, epsilon)
+            e = err.errors(include_url=False)[0]
+            field = {"norm": "fnorm", "eps": "epsilon"}.get(str(e["loc"][0]), str(e["loc"][0])) if e["loc"] else "?"
+            raise ValueError(f"advantage_fn_args.{field}: {e['msg']}, got {e.get('input')!r}") from None
         self.step_reward_key = str(a["step_reward_key"])
         self.env_state_hash_key = str(a["env_state_hash_key"])
         self.action_valid_key = str(a["action_valid_key"])
@@ -308,8 +316,32 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
         )
 
     def compute(self, exps: list[TrinityExperience]) -> GiGPOAdvantages:
-        """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects)."""
-        return self._compute(exps, self.rows(exps))
+        """GiGPO advantages of a batch, (N,) arrays in the batch's order (no side effects): the
+        numbers :meth:`process` writes.
+
+        A step of a member the orchestrator masked (``info["dso_masked"]``) is left out as
+        :meth:`process` leaves it out: the other rows get exactly what the batch without it
+        gives, and its own row gets ``advantages``, ``episode`` and ``step`` 0, ``returns`` and
+        ``episode_returns`` NaN (its reward may be missing), ``anchor_ids`` -1 and
+        ``anchor_sizes`` 0 (it is in no anchor group).
+        """
+        order = MemoryOrder(exps)
+        masked = masked_rows(exps, order)
+        if masked is None:
+            return self._compute(exps, self.rows(exps, order))
+        n = len(exps)
+        out = GiGPOAdvantages(
+            advantages=np.zeros(n), episode=np.zeros(n), step=np.zeros(n), returns=np.full(n, np.nan),
+            episode_returns=np.full(n, np.nan), anchor_ids=np.full(n, -1, dtype=np.int64),
+            anchor_sizes=np.zeros(n, dtype=np.int64),
+        )
+        keep = np.flatnonzero(~masked)
+        if keep.size:
+            used = list(map(exps.__getitem__, keep.tolist()))
+            res = self._compute(used, self.rows(used))
+            for name in ("advantages", "episode", "step", "returns", "episode_returns", "anchor_ids", "anchor_sizes"):
+                getattr(out, name)[keep] = getattr(res, name)
+        return out
 
     def _compute(self, exps: list[TrinityExperience], r: StepRows) -> GiGPOAdvantages:
         if self.config.similarity_threshold is None:  # integer keys all the way (the usual case)
@@ -438,7 +470,7 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
     Raises:
         ValueError: an unknown argument (the valid ones are listed) or an option the index
             cannot honour.
-        pydantic.ValidationError: out-of-range GiGPO arguments.
+        ValueError: GiGPO arguments or timeouts that are not finite or out of range (named).
         algos.gigpo.InvalidStepError: a non-finite reward, a duplicate or missing step.
         orchestrator.trinity.attach.OrchestratorNotFoundError: no ``redis_url`` and no actor.
         orchestrator.anchors.owner.AnchorIndexNotConfiguredError: the actor has no anchor index.
@@ -476,8 +508,11 @@ class DsoGiGPOIndexAdvantageFn(AdvantageFn, ExperienceOperatorV1):
                 "singleton_episode='zero', std='sample', episode_weighting='trajectory' and exact state hashes "
                 "only (use dso_gigpo for these options)"
             )
-        if group_size is not None and int(group_size) < 1:
-            raise ValueError(f"group_size: must be >= 1 or null, got {group_size}")
+        if group_size is not None:
+            check_number("group_size", group_size, ge=1, integer=True)
+        check_number("ttl_s", ttl_s, gt=0.0)
+        check_number("wait_timeout_s", wait_timeout_s, ge=0.0)
+        check_number("lookup_timeout_s", lookup_timeout_s, ge=0.0)
         self.group_size = None if group_size is None else int(group_size)
         self.actor_name = actor_name
         self.namespace = namespace

@@ -41,7 +41,7 @@ class AttachConfig(BaseModel):
     whichever component starts first creates the actor with the same settings.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     actor_name: str = Field(DEFAULT_NAME, min_length=1, description="Name of the orchestrator actor (REST `actor_name`).")
     namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="Its Ray namespace (REST `namespace`); not the run's.")

@@ -3,9 +3,36 @@
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from trinity.algorithm.policy_loss_fn import PolicyLossFn
 
-from algos.dapo import LOSS_AGG_MODES, aggregate_loss, clip_higher_policy_loss
+from algos.dapo import EmptySeqs, LossAggMode, aggregate_loss, clip_higher_policy_loss
+
+
+class ClipHigherLossArgs(BaseModel):
+    """``policy_loss_fn_args`` of ``dso_clip_higher``, validated at construction (every number
+    finite; each range from DAPO Sec. 3.1 and the dual clip of Ye et al. 2020)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    backend: str = Field("verl", description="Trinity trainer backend whose tensor names are mapped.")
+    clip_range_low: float = Field(0.2, ge=0.0, lt=1.0, description="eps_low, in [0, 1) (paper: 0.2).")
+    clip_range_high: float = Field(0.28, ge=0.0, description="eps_high, >= 0 (paper: 0.28, clip-higher).")
+    clip_ratio_c: float | None = Field(None, gt=1.0, description="Dual-clip bound c > 1 (verl: 3), or None (off, the paper).")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="See algos.dapo.aggregate_loss (DAPO Eq. 12: token-mean).")
+    loss_agg_norm_length: int | None = Field(
+        None, gt=0, description="L in tokens for seq-mean-token-sum-norm (required there; keep it constant, e.g. max_tokens)."
+    )
+    loss_agg_empty_seqs: EmptySeqs = Field(
+        "skip", description="Sequences without response tokens (padding, masked members) in the seq-* divisor: 'skip' "
+        "(verl's agg_loss) or 'count' (Trinity 0.6's aggregate_loss); see algos.dapo.EmptySeqs."
+    )
+
+    @model_validator(mode="after")
+    def _norm_length(self) -> ClipHigherLossArgs:
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_agg_norm_length is None:
+            raise ValueError("loss_agg_norm_length: seq-mean-token-sum-norm needs a fixed length > 0, got None")
+        return self
 
 
 class DsoClipHigherPolicyLossFn(PolicyLossFn):
@@ -31,9 +58,15 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             ``seq-mean-token-sum-norm`` (Trinity writes ``algorithm.loss_agg_mode`` here).
         loss_agg_norm_length: L in tokens for ``seq-mean-token-sum-norm`` (keep it constant,
             e.g. the response budget); required with that mode.
+        loss_agg_empty_seqs: ``"skip"`` (default; verl's ``agg_loss``) leaves sequences without
+            response tokens (padding groups, masked members: all-zero ``action_mask``) out of
+            the ``seq-*`` modes' sequence count, so they have zero loss weight as documented;
+            ``"count"`` counts them (Trinity 0.6's ``aggregate_loss``), which scales the loss of
+            a batch closed at the cap with k of K groups kept by k / K.
     Raises:
-        ValueError: clip values out of range, an unknown ``loss_agg_mode`` (the valid ones are
-            listed), or ``seq-mean-token-sum-norm`` without a positive length.
+        ValueError, naming the field and value: a value that is not
+            finite or out of range, an unknown ``loss_agg_mode`` or ``loss_agg_empty_seqs``, or
+            ``seq-mean-token-sum-norm`` without a positive length (:class:`ClipHigherLossArgs`).
     """
 
     def __init__(
@@ -44,25 +77,28 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         clip_ratio_c: float | None = None,
         loss_agg_mode: str = "token-mean",
         loss_agg_norm_length: int | None = None,
+        loss_agg_empty_seqs: str = "skip",
     ) -> None:
+        try:
+            args = ClipHigherLossArgs(
+                backend=backend, clip_range_low=clip_range_low, clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
+                loss_agg_mode=loss_agg_mode, loss_agg_norm_length=loss_agg_norm_length,
+                loss_agg_empty_seqs=loss_agg_empty_seqs,
+            )
+        except ValidationError as err:  # one line naming the YAML key and the value
+            e = err.errors(include_url=False)[0]
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["loc"]:
+                msg = f"{'.'.join(map(str, e['loc']))}: {msg}, got {e.get('input')!r}"
+            raise ValueError(msg) from None
         super().__init__(backend=backend)
-        if not 0 <= clip_range_low < 1 or clip_range_high < 0:
-            raise ValueError(
-                f"clip_range_low/clip_range_high: need 0 <= low < 1 and high >= 0, got {clip_range_low}, {clip_range_high}"
-            )
-        if clip_ratio_c is not None and clip_ratio_c <= 1:
-            raise ValueError(f"clip_ratio_c: must be > 1 or null, got {clip_ratio_c}")
-        if loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {loss_agg_mode!r}")
-        if loss_agg_mode == "seq-mean-token-sum-norm" and not (loss_agg_norm_length and loss_agg_norm_length > 0):
-            raise ValueError(
-                f"loss_agg_norm_length: seq-mean-token-sum-norm needs a fixed length > 0, got {loss_agg_norm_length!r}"
-            )
-        self.loss_agg_norm_length = None if loss_agg_norm_length is None else int(loss_agg_norm_length)
-        self.clip_range_low = float(clip_range_low)
-        self.clip_range_high = float(clip_range_high)
-        self.clip_ratio_c = None if clip_ratio_c is None else float(clip_ratio_c)
-        self.loss_agg_mode = loss_agg_mode
+        self.args = args
+        self.loss_agg_norm_length = args.loss_agg_norm_length
+        self.clip_range_low = args.clip_range_low
+        self.clip_range_high = args.clip_range_high
+        self.clip_ratio_c = args.clip_ratio_c
+        self.loss_agg_mode = args.loss_agg_mode
+        self.loss_agg_empty_seqs = args.loss_agg_empty_seqs
 
     def __call__(  # type: ignore[override]
         self,
@@ -94,6 +130,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             dual_clip=self.clip_ratio_c,
             loss_agg_mode=self.loss_agg_mode,
             norm_length=self.loss_agg_norm_length,
+            empty_seqs=self.loss_agg_empty_seqs,
         )
         with torch.no_grad():
             mask = action_mask.to(logprob.dtype)
@@ -124,6 +161,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             "clip_ratio_c": None,
             "loss_agg_mode": "token-mean",
             "loss_agg_norm_length": None,
+            "loss_agg_empty_seqs": "skip",
         }
 
 

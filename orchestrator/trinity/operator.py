@@ -90,7 +90,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
     * ``versions``: Trinity's ``info["model_version"]`` (each member keeps its own; the group is
       stamped with its *oldest* member's, so staleness is judged per member).
 
-    Complete groups (exactly ``group_size`` runs) are submitted with ``on_invalid="drop"``: a
+    Complete groups (exactly ``group_size`` runs; under ``group_validity="mask"`` also groups
+    that lost runs, the missing members masked, see :meth:`to_table`) are submitted with ``on_invalid="drop"``: a
     group the orchestrator cannot use (e.g. a ``None`` reward under ``group_validity="reject"``)
     is dropped with reason ``invalid``, counted (``dso/groups_invalid``) and logged by the
     actor, and the other groups of the step go on. Every batch the actor then releases
@@ -199,10 +200,16 @@ class OrchestratorOperator(ExperienceOperatorV1):
         step's ``reward`` (None: NaN); the judged metric (``accuracy`` under ``judge="auto"``)
         and ``info["model_version"]`` of its last step.
 
+        A group with fewer than ``group_size`` runs is left out under ``group_validity="reject"``;
+        under ``"mask"`` it is kept when its runs are all in ``[0, group_size)``: each missing
+        member gets reward and judged metric NaN (and the group's newest model version), so
+        the actor masks it as it masks a missing rollout on the direct route, and keeps the
+        group while ``min_valid_group_size`` members remain.
+
         Returns:
-            the table of the complete groups (exactly ``group_size`` runs; None when there is
-            none), the payload of each (its experiences sorted by run, then step) by ``ref``,
-            and the number of incomplete groups left out.
+            the table of the groups kept (None when there is none), the payload of each (its
+            experiences sorted by run, then step) by ``ref``, and the number of incomplete
+            groups left out.
         """
         n = self.policy.group_size
         num = len(exps)
@@ -220,8 +227,14 @@ class OrchestratorOperator(ExperienceOperatorV1):
         first = np.flatnonzero(np.r_[True, rollout_key[1:] != rollout_key[:-1]])  # each rollout's first row
         last = order[np.r_[first[1:], num] - 1]  # each rollout's last step (row in exps)
         r_group = group[order[first]]
+        r_run = run[order[first]]
         sizes = np.bincount(r_group, minlength=len(group_keys))
         complete = sizes == n
+        # group_validity "mask": a group that lost runs is kept, its missing members masked (as the direct
+        # route does), when every run it has is in [0, n); the actor then keeps it while min_valid_group_size remain
+        short = (sizes < n) & (np.bincount(r_group, weights=(r_run < 0) | (r_run >= n), minlength=sizes.size) == 0)
+        short &= self.policy.group_validity == "mask"
+        complete |= short
         has_step = np.array(has_step, dtype=bool).reshape(num)
         if has_step.any():  # multi-turn: per-step rewards add up to the rollout's
             step_r = np.fromiter((float(i.get("step_reward", 0.0)) for i in infos), np.float64, num)[order]
@@ -248,14 +261,33 @@ class OrchestratorOperator(ExperienceOperatorV1):
         refs = [f"{self.session}:{group_keys[g][0]}/{group_keys[g][1]}" for g in rows.tolist()]
         payload = {ref: [exps[i] for i in order[h:e].tolist()] for ref, h, e in zip(refs, heads.tolist(), ends.tolist())}
         shape = (len(rows), n)
+        if short.any():  # members by run, a missing one with reward and metrics NaN (masked by the actor)
+            slot = np.full(sizes.size, -1, dtype=np.int64)
+            slot[rows] = np.arange(len(rows))
+            at = (slot[r_group[keep]], r_run[keep])
+            runs_m = np.broadcast_to(np.arange(n), shape).copy()
+            newest = np.zeros(sizes.size, dtype=np.int64)
+            np.maximum.at(newest, r_group[keep], versions[keep])  # absent members: no effect on the oldest version
+            cols = {"rewards": rewards, **{f"metric:{k}": v for k, v in metrics.items()}}
+            full = {}
+            for key, col in cols.items():
+                full[key] = np.full(shape, np.nan)
+                full[key][at] = col[keep]
+            versions_m = np.repeat(newest[rows][:, None], n, axis=1)
+            versions_m[at] = versions[keep]
+            runs_m[at] = r_run[keep]
+            columns = (runs_m, full["rewards"], versions_m, {k: full[f"metric:{k}"] for k in metrics})
+        else:
+            columns = (r_run[keep].reshape(shape), rewards[keep].reshape(shape), versions[keep].reshape(shape),
+                       {k: v[keep].reshape(shape) for k, v in metrics.items()})
         table = GroupTable(
             task_ids=[trinity_task_id(exps[order[h]]) for h in heads.tolist()],
             round_tags=[str(group_keys[g][0]) for g in rows.tolist()],
             refs=refs,
-            runs=run[order[first]][keep].reshape(shape),
-            rewards=rewards[keep].reshape(shape),
-            versions=versions[keep].reshape(shape),
-            metrics={k: v[keep].reshape(shape) for k, v in metrics.items()},
+            runs=columns[0],
+            rewards=columns[1],
+            versions=columns[2],
+            metrics=columns[3],
         )
         return table, payload, incomplete
 

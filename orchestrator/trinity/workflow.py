@@ -91,7 +91,7 @@ class FrozenLakeRow(BaseModel):
     writes it. Trinity's workflow defaults a missing ``size`` to 1, for which its map generator
     never returns (start and goal must differ); here ``seed`` and ``size`` are required."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     seed: int
     size: int = Field(ge=2)
     p: float = Field(0.8, gt=0.0, le=1.0)
@@ -108,7 +108,7 @@ class FrozenLakeStepsArgs(BaseModel):
         desc: a fixed map (rows of ``S F H G``, one ``S`` and one ``G``) instead of the row's.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     env_max_steps: int = Field(8, ge=1)
     agent_max_steps: int = Field(10, ge=1)
     is_slippery: bool = False

@@ -81,7 +81,7 @@ def test_overlong_cache_equal_to_max_is_allowed():
 
 @pytest.mark.parametrize("cache", [0, -1, 11])
 def test_overlong_rejects_cache_outside_range(cache):
-    with pytest.raises(ValueError, match=r"cache_length must be in \(0, max_response_length=10\]"):
+    with pytest.raises(ValueError, match=r"cache_length: must be (a finite whole number > 0|<= max_response_length=10), got"):
         overlong_penalty(np.array([1]), max_response_length=10, cache_length=cache)
 
 
@@ -248,3 +248,67 @@ def test_clip_higher_loss_uses_aggregation_mode():
         lp, lp, torch.ones(2, 3), mask, loss_agg_mode="seq-mean-token-sum-norm", norm_length=4
     )
     assert float(loss) == pytest.approx(-0.5)
+
+
+# padding: two all-zero rows (a padding group's sequences) appended to LOSS / MASK
+PADDED_LOSS = torch.cat([LOSS, torch.full((2, 3), 9.0, dtype=torch.float64)])
+PADDED_MASK = torch.cat([MASK, torch.zeros(2, 3, dtype=MASK.dtype)])
+
+
+@pytest.mark.parametrize(("mode", "whole"), [("seq-mean-token-mean", 11 / 3), ("seq-mean-token-sum-norm", 20 / 12)])
+def test_aggregate_padding_sequences_do_not_count_in_the_divisor(mode, whole):
+    # per-sequence means 2, 4, 5 (and two empty rows): 11 / 3, as without the padding rows
+    assert float(aggregate_loss(PADDED_LOSS, PADDED_MASK, mode, norm_length=4)) == pytest.approx(whole)
+
+
+@pytest.mark.parametrize(("mode", "whole"), [("seq-mean-token-mean", 11 / 5), ("seq-mean-token-sum-norm", 20 / 20)])
+def test_aggregate_count_convention_counts_every_row(mode, whole):
+    # Trinity 0.6's aggregate_loss: 11 / 5 sequences; token sums 20 / (5 x L = 4)
+    assert float(aggregate_loss(PADDED_LOSS, PADDED_MASK, mode, norm_length=4, empty_seqs="count")) == pytest.approx(whole)
+
+
+def test_aggregate_a_batch_closed_at_the_cap_is_not_scaled_by_the_kept_share():
+    # k = 3 kept sequences, K = 5 with padding: micro-batches [kept 3] and [padding 2], B counted as 3
+    parts = [(PADDED_LOSS[:3], PADDED_MASK[:3]), (PADDED_LOSS[3:], PADDED_MASK[3:])]
+    total = sum(float(aggregate_loss(lm, m, "seq-mean-token-mean", global_seqs=3)) for lm, m in parts)
+    assert total == pytest.approx(11 / 3)
+
+
+def test_aggregate_refuses_global_tokens_below_the_micro_batch_own():
+    # the issue's example: global_tokens=1 on a 3-token batch returned 3.0
+    with pytest.raises(ValueError, match=r"global_tokens: 1 is below this micro-batch's own 3 response tokens"):
+        aggregate_loss(torch.ones(1, 3), torch.ones(1, 3), "token-mean", global_tokens=1)
+
+
+def test_aggregate_refuses_global_seqs_below_the_micro_batch_own():
+    with pytest.raises(ValueError, match=r"global_seqs: 2 is below this micro-batch's own 3 sequences"):
+        aggregate_loss(LOSS, MASK, "seq-mean-token-mean", global_seqs=2)
+
+
+def test_classify_refuses_a_nan_std_tol():
+    # NaN compared false everywhere: all-equal groups looked informative
+    with pytest.raises(ValueError, match=r"std_tol: must be a finite number >= 0, got nan"):
+        classify_groups(np.array([[1.0, 1.0]]), std_tol=float("nan"))
+
+
+def test_classify_refuses_a_non_finite_band_end():
+    with pytest.raises(ValueError, match=r"band\[1\]: must be a finite number, got inf"):
+        classify_groups(np.array([[1.0, 0.0]]), band=(0.0, float("inf")))
+
+
+def test_overlong_refuses_a_nan_length_naming_it():
+    # NaN compared false in both branches and fell through to -1
+    with pytest.raises(ValueError, match=r"response_lengths: length nan at index \(1,\) is not a finite number >= 0"):
+        overlong_penalty(np.array([3.0, float("nan")]), max_response_length=10, cache_length=4)
+
+
+def test_overlong_refuses_a_nan_factor():
+    with pytest.raises(ValueError, match=r"penalty_factor: must be a finite number >= 0, got nan"):
+        overlong_penalty(np.array([3]), max_response_length=10, cache_length=4, penalty_factor=float("nan"))
+
+
+@pytest.mark.parametrize("name", ["eps_high", "dual_clip"])
+def test_clip_higher_refuses_a_nan_bound(name):
+    lp = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=rf"{name}: must be a finite number"):
+        clip_higher_policy_loss(lp, lp, torch.ones(1, 2), torch.ones(1, 2), **{name: float("nan")})

@@ -20,7 +20,7 @@ def test_equal_values_give_exact_zero_even_without_eps():
 
 
 def test_negative_eps_is_refused_naming_it():
-    with pytest.raises(ValueError, match="eps must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="eps: must be a finite number >= 0, got -1"):
         normalise_in_groups(np.array([1.0]), np.array([0]), eps=-1)
 
 

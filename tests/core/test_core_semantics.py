@@ -377,3 +377,42 @@ def test_group_size_cannot_change_while_groups_are_held_and_can_once_none_is():
     assert c.try_emit() is not None and c.stats().groups_held == 0  # the batch is full and released: nothing held
     c.set_policy(c.policy.updated({"group_size": 4}))
     assert c.policy.group_size == 4
+
+
+# ---------------------------------------------------------------- validity: None rewards, the sink, the filter switch
+def test_mask_masks_a_member_without_a_reward():
+    g = group("t0", [1.0, None, -1.0])
+    c = core(group_size=3, group_validity="mask", min_valid_group_size=2)
+    c.submit([g])
+    assert g.reason == "informative" and g.valid.tolist() == [True, False, True]
+    assert g.rollouts[1].info["dso_masked"] == "invalid" and math.isnan(g.rewards[1])
+
+
+def test_reject_refuses_a_member_without_a_reward_naming_it():
+    with pytest.raises(InvalidGroupError, match=r"reward: missing \(None\) in run 1 of task 't0'"):
+        core(group_size=3).submit([group("t0", [1.0, None, -1.0])])
+
+
+def test_the_sink_stores_a_masked_infinite_reward_as_null_and_keeps_it_in_info(tmp_path):
+    from orchestrator.service.sink import SQLiteSink
+
+    c = core(group_size=3, target_groups=1, group_validity="mask", min_valid_group_size=2)
+    c.submit([group("t0", [1.0, math.inf, -1.0])])
+    sink = SQLiteSink(tmp_path / "b.db")
+    sink.write(c.try_emit())
+    rows = sink.read_batch(0)
+    assert [r["reward"] for r in rows] == [1.0, None, -1.0]
+    assert rows[1]["info"]["dso_reward"] == "inf" and "dso_reward" not in rows[0]["info"]
+    # the usable members' baseline: mean 0, sample std sqrt(2); the masked member 0
+    a = 1.0 / (math.sqrt(2.0) + 1e-6)
+    assert [r["advantage"] for r in rows] == pytest.approx([a, 0.0, -a])
+
+
+def test_filter_off_with_fresh_tasks_replenish_is_refused_naming_both_fields():
+    with pytest.raises(InvalidPolicyError, match=r"replenish: 'fresh_tasks' with filter.enabled: false"):
+        ResamplingPolicy.parse({"filter": {"enabled": False}, "replenish": "fresh_tasks"})
+
+
+def test_filter_off_without_a_replenish_setting_replenishes_nothing():
+    assert ResamplingPolicy.parse({"filter": {"enabled": False}}).replenish == "none"
+    assert ResamplingPolicy.parse({"filter": {"enabled": False}, "replenish": "same_tasks"}).replenish == "same_tasks"

@@ -436,3 +436,16 @@ def test_a_process_that_froze_its_heap_keeps_it_frozen():
         assert any(x is kept[0] for x in gc.get_objects(generation=0))  # and what it made stays young
     finally:
         gc.unfreeze()
+
+
+def test_dso_gigpo_compute_leaves_masked_members_out_as_process_does():
+    # one task, runs 0, 1 (rewards 1, 0) and run 2 masked without a reward, one step each from state "s":
+    # A_E = +-0.5 / (sqrt(0.5) + 1e-6) over runs 0 and 1, A_S the same over the anchor group {0, 1}
+    exps = [texp(0, 0, r, reward=x, info={"env_state_hash": "s", **({"dso_masked": True} if x is None else {})})
+            for r, x in enumerate([1.0, 0.0, None])]
+    a = 0.5 / (np.sqrt(0.5) + 1e-6)
+    res = DsoGiGPOAdvantageFn().compute(exps)
+    assert res.advantages.tolist() == pytest.approx([2 * a, -2 * a, 0.0], rel=1e-12)
+    assert res.anchor_ids[2] == -1 and res.anchor_sizes.tolist() == [2, 2, 0] and np.isnan(res.returns[2])
+    out, _ = DsoGiGPOAdvantageFn().process(exps)
+    assert [float(e.advantages[0]) for e in out] == pytest.approx(res.advantages.tolist(), rel=1e-6)

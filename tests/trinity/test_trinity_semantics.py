@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from trinity.algorithm import ADVANTAGE_FN, POLICY_LOSS_FN
@@ -197,3 +198,35 @@ def test_operator_masked_member_reaches_dso_grpo_with_zero_advantage(actor_name,
     # the group's baseline is over its two usable members: mean 0, sample std sqrt(2)
     assert by_run[0].advantages[0].item() == pytest.approx(1.0 / (2**0.5 + 1e-6))
     assert by_run[2].advantages[0].item() == pytest.approx(-1.0 / (2**0.5 + 1e-6))
+
+
+def test_operator_to_table_keeps_a_group_that_lost_a_run_under_mask():
+    # 7 of 8 runs (run 3 lost): one row of 8 members, the missing one NaN, then masked by the core
+    policy = {"target_groups": 1, "group_size": 8, "group_validity": "mask", "min_valid_group_size": 2}
+    op = OrchestratorOperator(actor_name="unused", namespace="trinity-dso", policy=policy)
+    exps = [texp(1, 0, r, 1.0 if r % 2 else -1.0, index=0, version=4) for r in range(8) if r != 3]
+    table, payload, incomplete = op.to_table(exps)
+    assert incomplete == 0 and table.runs.tolist() == [list(range(8))]
+    assert np.isnan(table.rewards[0, 3]) and table.versions.tolist() == [[4] * 8]
+    assert [e.eid.run for e in payload[table.refs[0]]] == [0, 1, 2, 4, 5, 6, 7]
+    row = OrchestratorCore(ResamplingPolicy(**policy), ["0"]).submit_table(table)
+    assert row.valid.tolist() == [[True, True, True, False, True, True, True, True]] and row.reasons == ["informative"]
+
+
+def test_operator_to_table_leaves_out_a_group_that_lost_a_run_under_reject():
+    op = OrchestratorOperator(actor_name="unused", namespace="trinity-dso", policy={"target_groups": 1, "group_size": 8})
+    table, payload, incomplete = op.to_table([texp(1, 0, r, 1.0, index=0) for r in range(7)])
+    assert table is None and payload == {} and incomplete == 1
+
+
+def test_operator_releases_a_group_that_lost_a_run_with_the_missing_member_masked(actor_name, ray_local):
+    # runs 0, 1, 2 (rewards 1, -1, 0) of 4; run 3 lost: the baseline is over the three present,
+    # mean 0 and sample std 1
+    policy = {"target_groups": 1, "group_size": 4, "group_validity": "mask", "min_valid_group_size": 2}
+    op = _operator(actor_name, policy)
+    out, m = asyncio.run(op.process([texp(1, 0, r, x, index=0) for r, x in enumerate([1.0, -1.0, 0.0])]))
+    assert m["dso/groups_submitted"] == 1 and m["dso/groups_incomplete"] == 0 and m["dso/batches_released"] == 1
+    adv, _ = DsoGRPOAdvantageFn().process(out)
+    a = 1.0 / (1.0 + 1e-6)
+    assert [e.eid.run for e in adv] == [0, 1, 2]
+    assert [e.advantages[0].item() for e in adv] == pytest.approx([a, -a, 0.0])
