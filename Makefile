@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate demo-trinity check-gpu-install test bench install clean
 
 install: $(STAMP)
 
@@ -52,6 +52,21 @@ demo-gigpo: $(STAMP)
 # GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, 3 seeds each; not part of `make test`.
 compare-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-gigpo
+
+# The orchestrator inside Trinity-RFT 0.6.0's own explorer and queue on CPU, with the CPU trainer (a few minutes).
+demo-trinity: $(STAMP)
+	$(VENV)/bin/trinity-dso trinity-demo
+
+# GPU route: does its pip resolution succeed, and how fast? A dry run in a fresh temporary venv (nothing
+# is installed, no GPU needed; needs PyPI). Not part of `make test`. See docs/trinity.md.
+GPU_CHECK_VENV ?= $(shell mktemp -d -u /tmp/dso-gpu-check.XXXXXX)
+check-gpu-install:
+	$(PYTHON) -m venv $(GPU_CHECK_VENV)
+	$(GPU_CHECK_VENV)/bin/pip install -q --upgrade pip
+	@start=$$(date +%s); \
+	$(GPU_CHECK_VENV)/bin/pip install --dry-run --ignore-installed -q -c constraints-gpu.txt -r requirements-gpu.txt ".[vllm,trinity]" \
+	  && $(GPU_CHECK_VENV)/bin/pip install --dry-run --ignore-installed -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0; \
+	rc=$$?; echo "GPU route resolution: rc=$$rc in $$(( $$(date +%s) - start )) s"; rm -rf $(GPU_CHECK_VENV); exit $$rc
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

@@ -312,7 +312,8 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
 
 
 def _groups_read(exps: list) -> list[dict]:
-    """Per group read (``eid.tid``): task row, reason, padding, mean accuracy over members with loss weight."""
+    """Per group read (``eid.tid``): task row, reason, padding, mean accuracy over members with loss
+    weight, masked members, and the oldest model version Trinity stamped on a member."""
     by: dict[str, list] = {}
     for e in exps:
         by.setdefault(e.eid.tid, []).append(e)
@@ -321,9 +322,10 @@ def _groups_read(exps: list) -> list[dict]:
         info = members[0].info or {}
         used = [e for e in members if not (e.info or {}).get("dso_masked")]
         acc = [float((e.metrics or {}).get("accuracy", math.nan)) for e in used]
+        version = min(int((e.info or {}).get("model_version", 0)) for e in members)
         out.append({"task": str((info.get("task_index") or {}).get("index", tid)), "reason": info.get("dso_reason"),
                     "padding": bool(info.get("dso_padding")), "accuracy": float(np.mean(acc)) if acc else None,
-                    "masked": len(members) - len(used)})
+                    "masked": len(members) - len(used), "model_version": version})
     return out
 
 

@@ -5,10 +5,12 @@ A GPU cluster needs none of it (Trinity's own vLLM engines and verl trainer; see
 
 What blocks a plain ``trinity run`` of 0.6.0 on CPU, measured (``mode: explore``):
 
-1. ``cluster.gpu_per_node: 0`` fails Trinity's config check (``check_and_update``) with a
-   ``ZeroDivisionError`` (it divides the engines' GPUs by the GPUs per node). Worked around by
-   *declaring* one GPU (:data:`CPU_CLUSTER`); with ``engine_type: external`` nothing asks Ray for
-   it (the explorer's placement group holds ``{"GPU": 0, "CPU": 1}`` per engine).
+1. With Trinity's own engines (``engine_type: vllm``), ``cluster.gpu_per_node: 0`` fails Trinity's
+   config check (``check_and_update``): ``if model_config.gpu_per_engine % config.cluster.gpu_per_node
+   != 0`` -> ``ZeroDivisionError: integer modulo by zero``. With ``engine_type: external`` the check
+   passes with 0 GPUs (measured); :data:`CPU_CLUSTER` still declares one, the setting every CPU run
+   of this project (tests and demo) has run end to end; nothing asks Ray for it (the explorer's
+   placement group holds ``{"GPU": 0, "CPU": 1}`` per engine).
 2. With GPUs declared, Trinity's own ``vllm`` engines wait for GPUs that never come; the engine
    that runs on CPU is ``engine_type: external``, and in 0.6.0 it is broken: the explorer makes no
    model actor for it (``Allocator`` wraps an OpenAI URL), yet every ``WorkflowRunner`` looks
@@ -47,7 +49,7 @@ import torch
 from orchestrator.rollout.engine import ENGINE_ENV
 
 CPU_CLUSTER: dict = {"node_num": 1, "gpu_per_node": 1}
-"""``cluster`` of a CPU run: one GPU *declared* so Trinity's config check does not divide by zero (1. above)."""
+"""``cluster`` of a CPU run: one GPU *declared*, never requested from Ray (1. above)."""
 CPU_ROLLOUT_MODEL: dict = {"engine_type": "external", "engine_num": 1}
 """``explorer.rollout_model`` of a CPU run: the external engine, served by :class:`EngineModel` (2. above)."""
 
