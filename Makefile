@@ -59,14 +59,13 @@ demo-trinity: $(STAMP)
 
 # GPU route: does its pip resolution succeed, and how fast? A dry run in a fresh temporary venv (nothing
 # is installed, no GPU needed; needs PyPI). Not part of `make test`. See docs/trinity.md.
-GPU_CHECK_VENV ?= $(shell mktemp -d -u /tmp/dso-gpu-check.XXXXXX)
 check-gpu-install:
-	$(PYTHON) -m venv $(GPU_CHECK_VENV)
-	$(GPU_CHECK_VENV)/bin/pip install -q --upgrade pip
-	@start=$$(date +%s); \
-	$(GPU_CHECK_VENV)/bin/pip install --dry-run --ignore-installed -q -c constraints-gpu.txt -r requirements-gpu.txt ".[vllm,trinity]" \
-	  && $(GPU_CHECK_VENV)/bin/pip install --dry-run --ignore-installed -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0; \
-	rc=$$?; echo "GPU route resolution: rc=$$rc in $$(( $$(date +%s) - start )) s"; rm -rf $(GPU_CHECK_VENV); exit $$rc
+	@v=$$(mktemp -d /tmp/dso-gpu-check.XXXXXX); trap 'rm -rf "$$v"' EXIT; \
+	$(PYTHON) -m venv "$$v" && "$$v/bin/pip" install -q --upgrade pip || exit 1; \
+	start=$$(date +%s); \
+	"$$v/bin/pip" install --dry-run --ignore-installed -q -c constraints-gpu.txt -r requirements-gpu.txt ".[vllm,trinity]" \
+	  && "$$v/bin/pip" install --dry-run --ignore-installed -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0; \
+	rc=$$?; echo "GPU route resolution (pip --dry-run, fresh venv): rc=$$rc in $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

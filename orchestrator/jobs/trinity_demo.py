@@ -163,8 +163,13 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
     from orchestrator.train.tiny import addition_tasks, ensure_policy
     from orchestrator.train.trainer import PolicyTrainer
     from orchestrator.train.trinity_trainer import TrinityBatchTrainer, TrinityStepConfig
-    from orchestrator.trinity.cpu_v060 import (end_explorer, live_placement_groups, release_placement_groups,
-                                               rollout_model_name, start_engine_model)
+    from orchestrator.trinity.cpu_v060 import (
+        end_explorer,
+        live_placement_groups,
+        release_placement_groups,
+        rollout_model_name,
+        start_engine_model,
+    )
 
     say = log or (lambda msg: None)
     started = time.monotonic()
