@@ -183,7 +183,7 @@ class TrinityBatchTrainer:
             acc["loss"] += float(loss.detach()) * weight
             acc["pg_clipfrac"] += metrics["pg_clipfrac"] * weight
             acc["ppo_kl"] += metrics["ppo_kl"] * weight
-            acc["entropy"] += float((ent * mask).sum()) / mini_tokens
+            acc["entropy"] += float((ent.detach() * mask).sum()) / mini_tokens
         for name, p in model.named_parameters():
             if p.grad is not None and not torch.isfinite(p.grad).all():
                 raise TrainStepError(f"step {self.policy.step}: non-finite gradient in {name}")
