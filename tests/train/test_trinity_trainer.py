@@ -1,0 +1,80 @@
+"""TrinityBatchTrainer on hand-made Trinity experiences and the tiny Llama (transformers only, no engine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trinity.common.experience import EID, Experience
+
+import orchestrator.trinity.plugin  # noqa: F401  (registers dso_grpo and dso_clip_higher)
+from orchestrator.train.tiny import build_tiny_llama
+from orchestrator.train.trainer import PolicyTrainer, TrainerConfig
+from orchestrator.train.trinity_trainer import TrinityBatchTrainer, TrinityStepConfig, pack_trinity
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny"), hidden=64, layers=1)
+
+
+def exp(task: str, run: int, prompt: list[int], response: list[int], reward: float, *, padding: bool = False) -> Experience:
+    mask = torch.zeros(len(response)) if padding else torch.ones(len(response))
+    return Experience(eid=EID(batch=0, task=task, run=run), tokens=torch.tensor(prompt + response),
+                      logprobs=torch.full((len(response),), -2.0), prompt_length=len(prompt), reward=reward,
+                      action_mask=mask, advantages=torch.zeros(len(response)),
+                      info={"dso_padding": True} if padding else {})
+
+
+def batch() -> list[Experience]:
+    # two groups of 2 with uneven response lengths (1..4 tokens), one padding group of 2
+    return [exp("a", 0, [5, 6], [7], 1.0), exp("a", 1, [5, 6], [8, 9, 10], -1.0),
+            exp("b", 0, [6], [7, 7], 1.0), exp("b", 1, [6], [9, 9, 9, 2], -1.0),
+            exp("p", 0, [5], [7, 8], 1.0, padding=True), exp("p", 1, [5], [9], -1.0, padding=True)]
+
+
+def test_pack_puts_each_response_token_at_its_next_token_position():
+    data = pack_trinity(batch()[:2])
+    # tokens [5 6 7] and [5 6 8 9 10]: response token t is predicted at position prompt_length - 1 + t
+    assert data["positions"].tolist() == [[1, 0, 0], [1, 2, 3]]
+    assert data["action_mask"].tolist() == [[True, False, False], [True, True, True]]
+    assert data["input_ids"].tolist() == [[5, 6, 7, 0, 0], [5, 6, 8, 9, 10]]
+
+
+def grads(model_dir, micro: int, weight: str) -> list[torch.Tensor]:
+    policy = PolicyTrainer(model_dir, TrainerConfig(mini_batches=1))
+    trainer = TrinityBatchTrainer(policy, TrinityStepConfig(train_batch_size=6, mini_batches=1, micro_batch_size=micro,
+                                                            micro_weight=weight))
+    metrics = trainer.train(batch())
+    assert metrics["padding_groups"] == 1 and metrics["padding_tokens"] == 0 and metrics["tokens"] == 10
+    return [p.grad.clone() for p in policy.model.parameters()]
+
+
+def test_token_weighted_micro_batches_give_the_whole_batch_token_mean_gradient(model_dir):
+    whole = grads(model_dir, 6, "tokens")
+    split = grads(model_dir, 1, "tokens")  # micro-batches of 1 to 4 tokens, and padding-only ones skipped
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
+
+
+def test_sequence_weighted_micro_batches_as_verl_differ_with_uneven_lengths(model_dir):
+    whole = grads(model_dir, 6, "tokens")
+    verl = grads(model_dir, 1, "seqs")
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, verl))
+
+
+def test_advantages_come_from_trinitys_registry_and_padding_gets_none(model_dir):
+    policy = PolicyTrainer(model_dir, TrainerConfig(mini_batches=1))
+    trainer = TrinityBatchTrainer(policy, TrinityStepConfig(train_batch_size=6))
+    exps = batch()
+    metrics = trainer.train(exps)
+    by = {(e.eid.task, e.eid.run): e for e in exps}
+    # GRPO: rewards (1, -1) -> mean 0, unbiased std sqrt(2): advantages +-1/sqrt(2) on every token
+    assert by[("a", 0)].advantages.tolist() == pytest.approx([2 ** -0.5], abs=1e-5)
+    assert by[("b", 1)].advantages.tolist() == pytest.approx([-(2 ** -0.5)] * 4, abs=1e-5)
+    assert by[("p", 0)].advantages.tolist() == [0.0, 0.0]  # zero action mask: zero token advantage
+    assert metrics["advantage_max_abs_diff"] == pytest.approx(2 ** -0.5, abs=1e-5)  # the inputs carried zeros
+
+
+def test_a_batch_of_the_wrong_size_is_refused(model_dir):
+    trainer = TrinityBatchTrainer(PolicyTrainer(model_dir, TrainerConfig(mini_batches=1)), TrinityStepConfig(train_batch_size=8))
+    with pytest.raises(ValueError, match="6 experiences, train_batch_size is 8"):
+        trainer.train(batch())
