@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-sampling ablate test bench install clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ demo-gigpo: $(STAMP)
 # GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, 3 seeds each; not part of `make test`.
 compare-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-gigpo
+
+# Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
+# training, 8 arms x 5 seeds (docs/sampling.md); not part of `make test`.
+compare-sampling: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-sampling
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).
