@@ -42,9 +42,9 @@ def test_summary_reads_the_first_crossing():
              {"step": 12, "rollouts": 1300, "heldout_acc": 0.49, "train_wall_seconds": 30.0}]
     s = {"evals": evals, "start_heldout_acc": 0.3, "end_heldout_acc": 0.49, "rollouts": 1300, "rollouts_per_emitted_group": 13.0,
          "wall_seconds": 40.0}
-    r = run_summary(s, 0.5)
+    r = run_summary(s, 0.2)  # target 0.3 + 0.2
     assert (r["to_target_rollouts"], r["to_target_seconds"], r["final"]) == (900, 21.0, 0.49)
-    rows, md = table({"a": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}]}, 0.5)
+    rows, md = table({"a": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}]}, 0.2)
     assert rows[0]["to_target_rollouts"]["mean"] == 1000 and rows[0]["to_target_rollouts"]["std"] == pytest.approx(141.42, abs=0.01)
     assert "| a | 2/2 | 1000 ± 141 |" in md
 
@@ -76,10 +76,10 @@ def test_trinity_selector_prefers_tasks_near_half_once_it_has_feedback():
 
 @pytest.mark.slow
 def test_two_arm_smoke_writes_the_comparison(tmp_path):
-    out = run_comparison(tmp_path, seeds=1, budget=256, arms=["epoch", "screening"], target=0.0)
+    out = run_comparison(tmp_path, seeds=1, budget=256, arms=["epoch", "screening"], gain=0.0, spread=False)
     data = json.loads((tmp_path / "comparison.json").read_text())
     assert [r["arm"] for r in data["rows"]] == ["epoch", "screening"]
-    assert all(r["reached"] == 1 for r in data["rows"])  # target 0: reached at the start
+    assert all(r["reached"] == 1 for r in data["rows"])  # gain 0: reached at the start
     assert (tmp_path / "comparison.png").stat().st_size > 0 and "| epoch |" in out["markdown"]
     screening = json.loads((tmp_path / "screening-s0" / "train.json").read_text())
     assert screening["stats"]["screens"] > 0
