@@ -859,6 +859,10 @@ class Orchestrator(AnchorLifecycle):
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
         check_judge(new, self.rollout_source)
+        if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
+            raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
+                                     "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
+                                     "group (docs/sampling.md); the policy is unchanged")
         pinned = self.attachment.get("pinned") or {}
         broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]

@@ -95,3 +95,17 @@ def test_screening_bias_measured():
     assert np.abs(adv_f.mean(axis=0)).max() < 3e-3
     assert adv_s[:, :2].mean() == pytest.approx(-0.225, abs=3e-3)
     assert adv_s[:, 2:].mean() == pytest.approx(0.075, abs=3e-3)
+
+
+def test_a_trinity_run_config_asking_for_screens_is_refused():
+    from orchestrator.trinity.attach import AttachConfig
+
+    with pytest.raises(ScreeningUnsupportedError, match="screen_rollouts"):
+        AttachConfig(policy={"group_size": 8, "screen_rollouts": 2}).resampling_policy()
+
+
+def test_screening_can_be_switched_on_by_a_policy_change():
+    c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8), ["a", "b"], seed=0)
+    assert not c.screen_mask(["a"]).any()
+    c.set_policy(c.policy.updated({"screen_rollouts": 3}))
+    assert c.screen_mask(["a"]).all()
