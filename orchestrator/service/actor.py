@@ -358,6 +358,7 @@ class Orchestrator(AnchorLifecycle):
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
+                    screen = self.core.screen_mask(plan.task_ids)
                 mine = self.commits.pending
             if out is not None:
                 await self.commits.durable(mine)
@@ -369,27 +370,29 @@ class Orchestrator(AnchorLifecycle):
                 continue
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
-            groups = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}")
+            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screen)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:
+                if screens is not None:
+                    self.core.record_screens(screens.screened, screens.stopped_task_ids, screens.stopped_correct,
+                                             screens.stopped_trials)
                 await self._submit(groups, emit=False)
                 mine = self.commits.pending
             await self.commits.durable(mine)
 
-    def _roll(self, tasks: list, version: int, round_tag: str) -> list[Group]:
-        """Roll one planned round through the rollout source, with screens when the policy asks
-        (:mod:`orchestrator.rollout.screening`; the stopped screens are recorded in the core)."""
+    def _roll(self, tasks: list, version: int, round_tag: str, screen: np.ndarray) -> tuple[list[Group], Any]:
+        """Roll one planned round through the rollout source (off the lock), with screens for the
+        tasks ``screen`` marks (:mod:`orchestrator.rollout.screening`). Returns the groups and the
+        screens' result (None without screens), which the caller records under the lock."""
         p = self.core.policy
-        screen = self.core.screen_mask([t.task_id for t in tasks])
         if not screen.any():
-            return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag)
+            return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag), None
         f = p.filter
         res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screen, judge=f.judge,
                                 correct_threshold=f.correct_threshold, model_version=version, round_tag=round_tag,
                                 std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
-        self.core.record_screens(res.screened, res.stopped_task_ids, res.stopped_correct, res.stopped_trials)
-        return res.groups
+        return res.groups, res
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
