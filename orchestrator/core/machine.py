@@ -438,6 +438,8 @@ class OrchestratorCore:
         """
         if self.missing_groups() == 0 or self.rounds_started == 0:
             return False
+        if self.policy.screen_rollouts and not self.carry and not self.candidates:
+            return False  # every group so far was a stopped screen: nothing to release yet (no empty batch)
         if self.policy.replenish == "none":
             return True
         cap = self.policy.max_replenish_rounds

@@ -225,10 +225,22 @@ def warm_start(
     """
     tasks = list(train)
     gen = random.Random(seed)
+    # tasks with a family (mixed_tasks) are drawn family-balanced: a family uniformly, then a task
+    # of it, so a family with few distinct pairs (1-digit operands) is not drowned out
+    fams: dict[str, list] = {}
+    for t in tasks:
+        fams.setdefault(str(t.meta.get("family", "")), []).append(t)
+    groups = list(fams.values())
+
+    def draw():
+        if len(groups) == 1:
+            return tasks[gen.randrange(len(tasks))]
+        g = groups[gen.randrange(len(groups))]
+        return g[gen.randrange(len(g))]
 
     def batch() -> tuple[list[list[int]], list[int]]:
         seqs, starts = [], []
-        for t in [tasks[gen.randrange(len(tasks))] for _ in range(batch_size)]:
+        for t in [draw() for _ in range(batch_size)]:
             prompt = encode(t.prompt[0]["content"] + "=")
             seqs.append(prompt + encode(t.answer) + [EOS_ID])
             starts.append(len(prompt))
@@ -271,6 +283,8 @@ def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: i
     """Build the tiny Llama and warm-start it once (a marker file records the settings)."""
     out = Path(out_dir)
     settings = {"seed": seed, "warm_steps": warm_steps, "hidden": hidden, "layers": layers, "tasks": train.task_ids[:3]}
+    if len({str(t.meta.get("family", "")) for t in train}) > 1:
+        settings["draw"] = "family-balanced"  # see warm_start
     marker = out / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == settings:
         return out

@@ -109,3 +109,12 @@ def test_screening_can_be_switched_on_by_a_policy_change():
     assert not c.screen_mask(["a"]).any()
     c.set_policy(c.policy.updated({"screen_rollouts": 3}))
     assert c.screen_mask(["a"]).all()
+
+
+def test_the_cap_never_releases_an_empty_batch_when_every_screen_stopped():
+    c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, screen_rollouts=2, max_replenish_rounds=1),
+                         [f"t{i}" for i in range(10)], seed=0)
+    for _ in range(3):  # past the cap, every screen stopped: nothing is held
+        plan = c.plan_round()
+        c.record_screens(len(plan.task_ids), plan.task_ids, np.zeros(len(plan.task_ids)), np.full(len(plan.task_ids), 2))
+    assert not c.cap_reached()
