@@ -55,8 +55,8 @@ SCREEN_K = 2
 
 ARMS: dict[str, dict] = {
     "epoch": {},
-    "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "informative": {"policy": {"selection": "informative"}},
+    "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "screening": {"policy": {"screen_rollouts": SCREEN_K}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
@@ -68,9 +68,9 @@ REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
 def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
-    """The comparison's defaults: the mixed task set, 8 groups of 8 per batch, eval every 4 batches."""
+    """The comparison's defaults: the mixed task set, 8 groups of 8 per batch, eval every 2 batches."""
     cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", train_size=TRAIN_SIZE, heldout_size=HELDOUT_SIZE,
-                          warm_steps=WARM_STEPS, rollout_budget=BUDGET if budget is None else budget, eval_every=4, eval_samples=4)
+                          warm_steps=WARM_STEPS, rollout_budget=BUDGET if budget is None else budget, eval_every=2, eval_samples=4)
     return cfg
 
 
