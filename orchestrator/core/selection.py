@@ -64,7 +64,7 @@ def register_selection(cls: type) -> type:
     return cls
 
 
-def make_selection(name: str, num_tasks: int, seed: int, policy) -> "TaskSelection":
+def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
     """A new selection of mode ``name``, configured from ``policy``.
 
     Raises:

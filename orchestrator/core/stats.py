@@ -13,8 +13,6 @@ Accounting invariant (checked by the tests)::
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 

@@ -6,7 +6,13 @@ import pytest
 from orchestrator.core.greso import GresoSelection, keep_probability
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
-from orchestrator.core.selection import SELECTIONS, EpochSelection, SelectionContext, TaskSelection, make_selection, register_selection
+from orchestrator.core.selection import (
+    SELECTIONS,
+    SelectionContext,
+    TaskSelection,
+    make_selection,
+    register_selection,
+)
 from orchestrator.core.types import Experience, ExperienceId, Group
 
 TASKS = [f"t{i}" for i in range(4)]

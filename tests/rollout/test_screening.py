@@ -9,8 +9,8 @@ from orchestrator.rollout.screening import (
     ScreeningUnsupportedError,
     check_route,
     continue_mask,
-    kept_group_mean,
     keep_probability,
+    kept_group_mean,
     screened_generate,
 )
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
