@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate demo-trinity check-gpu-install test bench docs install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-sampling ablate demo-trinity check-gpu-install test bench docs install clean
 
 install: $(STAMP)
 
@@ -67,6 +67,11 @@ check-gpu-install:
 	"$$v/bin/pip" install --dry-run --ignore-installed -q -c constraints-gpu.txt -r requirements-gpu.txt ".[vllm,trinity]" \
 	  && "$$v/bin/pip" install --dry-run --ignore-installed -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0; \
 	rc=$$?; echo "GPU route resolution (pip --dry-run, fresh venv): rc=$$rc in $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
+# training, 8 arms x 5 seeds (docs/sampling.md); not part of `make test`.
+compare-sampling: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-sampling
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

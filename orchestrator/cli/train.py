@@ -105,6 +105,8 @@ DAPO_ARMS = "dapo, no_clip_higher, no_dynamic_sampling, no_token_loss, no_overlo
 """The arms of ``ablate-dapo`` for its help (the table, :data:`orchestrator.jobs.ablation.ARMS`,
 lives in a module that imports torch; a test keeps the two equal)."""
 GIGPO_ARMS = "gigpo, omega0, multi_step_grpo, gigpo_norm_none"
+SAMPLING_ARMS = "epoch, informative, screening, informative_screen, greso, trinity_difficulty, dapo_recipe, grpo"
+"""The arms of ``compare-sampling`` for its help (:data:`orchestrator.jobs.sampling_compare.ARMS`)."""
 """The arms of ``compare-gigpo`` for its help (:data:`orchestrator.jobs.gigpo_compare.ARMS`)."""
 
 
@@ -118,7 +120,7 @@ def _arms(arms: str | None, known: dict) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``train``, ``ablate-dapo``, ``train-gigpo`` and ``compare-gigpo`` to ``app``."""
+    """Add ``train``, ``ablate-dapo``, ``train-gigpo``, ``compare-gigpo`` and ``compare-sampling`` to ``app``."""
 
     @app.command("train-gigpo")
     def train_gigpo(
@@ -192,6 +194,28 @@ def register(app: typer.Typer) -> None:
         """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
         from orchestrator.jobs.gigpo_compare import ARMS, run_comparison
 
+        chosen = _arms(arms, ARMS)
+        result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
+        console.print(result["markdown"])
+        console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")
+
+    @app.command("compare-sampling")
+    def compare_sampling(
+        seeds: int = typer.Option(5, min=1, help="Seeds per arm."),
+        budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the comparison's)."),
+        out: Path = typer.Option(Path("runs/sampling-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
+        arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all)."),
+        spread: bool = typer.Option(False, help="Only measure the task set's difficulty spread on the warm-started policy (seed 0)."),
+    ) -> None:
+        """Which tasks to roll out, in real training: our selections and screening vs GRESO, Trinity's
+        difficulty_based selector, the DAPO recipe's loop and GRPO, same seeds and rollout budget."""
+        from orchestrator.jobs.sampling_compare import ARMS, base_config, measure_spread, run_comparison
+
+        if spread:
+            import json
+
+            console.print(json.dumps(measure_spread(base_config(out / "spread")), indent=1))
+            return
         chosen = _arms(arms, ARMS)
         result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])

@@ -66,7 +66,7 @@ from orchestrator.core.history import TaskHistory
 from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rows import GroupRows
-from orchestrator.core.selection import EpochSelection, InformativeSelection, SelectionContext, TaskSelection
+from orchestrator.core.selection import SelectionContext, TaskSelection, make_selection
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats
 from orchestrator.core.table import CheckedTable, check_table, table_error
 from orchestrator.core.types import Batch, Experience, ExperienceId, Group, GroupTable, Purpose, UnknownTaskError
@@ -222,7 +222,7 @@ class OrchestratorCore:
         ValueError: empty or duplicate task ids.
     """
 
-    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0):
+    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0, task_tags: list[str] | None = None):
         if not task_ids:
             raise ValueError("task_ids: the task set is empty")
         if len(set(task_ids)) != len(task_ids):
@@ -233,13 +233,14 @@ class OrchestratorCore:
         self._index = {t: i for i, t in enumerate(self.task_ids)}
         self.seed = seed
         self.history = TaskHistory(len(task_ids))
-        self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life)
+        self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life, tags=task_tags)
         self.model_version = 0  # newest model version (model weights) seen
-        # task order: one selection per mode, each keeps its place while the other is active
-        self.selections: dict[str, TaskSelection] = {
-            "epoch": EpochSelection(len(task_ids), seed, max_idle_epochs=policy.cooldown_epochs + 1),
-            "informative": InformativeSelection(len(task_ids), seed),
-        }
+        # task order: one selection per mode used so far (the registry's, made on first use), each
+        # keeping its place while another is active
+        self.selections: dict[str, TaskSelection] = {policy.selection: make_selection(policy.selection, len(task_ids), seed, policy)}
+        # the active selection's epoch in which each task was last drawn (-1: never); skip-rule
+        # cooldowns count from it, in the active selection's epochs
+        self.pick_epoch = np.full(len(task_ids), -1, dtype=np.int64)
         # planned rounds awaiting their groups: round key -> counts; task index -> round keys
         self.open_rounds: dict[str, dict] = {}
         self.awaited: dict[int, list[str]] = {}
@@ -282,11 +283,27 @@ class OrchestratorCore:
                 f"while {len(self.carry) + len(self.candidates)} groups are held (they have {self.policy.group_size} "
                 "rollouts each); change it once the stats' groups_held is 0"
             )
+        old = self.selection
+        new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.task_ids), self.seed, policy)
+        for sel in {**self.selections, policy.selection: new}.values():
+            sel.configure(policy)  # may refuse the policy (e.g. unknown selection_options): nothing changed yet
+        self.selections[policy.selection] = new
+        if new is not old:
+            self._move_cooldowns(old.epoch, new.epoch)
         self.policy = policy
         self.policy_revision += 1
         self.passrate.half_life = policy.passrate_half_life
-        self.selections["epoch"].max_idle_epochs = policy.cooldown_epochs + 1
         return self.policy_revision
+
+    def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
+        """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
+        ``selection``): a task keeps the epochs it has left to sit out, counted from the new
+        selection's current epoch."""
+        h = self.history
+        left = np.maximum(h.skip_until_epoch - old_epoch, 0)
+        h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
+        self.pick_epoch[:] = np.where(self.pick_epoch >= 0, np.maximum(new_epoch + self.pick_epoch - old_epoch, 0), -1)
+        self._touch(np.arange(len(self.task_ids), dtype=np.int64))
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.
@@ -309,8 +326,11 @@ class OrchestratorCore:
 
     @property
     def selection(self) -> TaskSelection:
-        """The active task selection (``policy.selection``)."""
-        return self.selections[self.policy.selection]
+        """The active task selection (``policy.selection``; made from the registry on first use)."""
+        name = self.policy.selection
+        if name not in self.selections:
+            self.selections[name] = make_selection(name, len(self.task_ids), self.seed, self.policy)
+        return self.selections[name]
 
     @property
     def epoch(self) -> int:
@@ -331,6 +351,9 @@ class OrchestratorCore:
             sharpness=p.selection_sharpness,
             revisit_epochs=p.selection_revisit_epochs,
             max_epochs=p.max_epochs,
+            zero_streak_correct=self.history.consec_all_correct,
+            zero_streak_wrong=self.history.consec_all_wrong,
+            options=dict(p.selection_options),
         )
 
     def select_tasks(self, count: int) -> list[str]:
@@ -362,6 +385,7 @@ class OrchestratorCore:
             return []
         ctx = ctx if ctx is not None else self._context()
         idx = self.selection.select(count, ctx) if need is None else self.selection.fill(need, count, ctx)
+        self.pick_epoch[idx] = self.selection.picked_epochs
         self._touch(idx)  # the selection's last_pick
         return [self.task_ids[i] for i in idx]
 
@@ -414,6 +438,8 @@ class OrchestratorCore:
         """
         if self.missing_groups() == 0 or self.rounds_started == 0:
             return False
+        if self.policy.screen_rollouts and not self.carry and not self.candidates:
+            return False  # every group so far was a stopped screen: nothing to release yet (no empty batch)
         if self.policy.replenish == "none":
             return True
         cap = self.policy.max_replenish_rounds
@@ -438,7 +464,7 @@ class OrchestratorCore:
         if missing == 0 or self.exhausted():
             return RoundPlan([], purpose, rnd, self.batch_id)
         ctx = self._context()
-        informative = self.policy.selection == "informative"
+        informative = self.selection.sizes_by_prediction
         p = self.policy.min_keep_rate if informative else max(self.policy.min_keep_rate, self.predicted_keep_rate())
         count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
         left = self.rollouts_left()
@@ -457,6 +483,34 @@ class OrchestratorCore:
         self.rounds_started += 1
         self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
+
+    def screen_mask(self, task_ids: list[str]) -> np.ndarray:
+        """(k,) bool: which of a round's tasks to screen first (``policy.screen_rollouts > 0`` and the
+        task's predicted chance of an informative group below ``policy.screen_skip_above``); see
+        :mod:`orchestrator.rollout.screening`."""
+        if not self.policy.screen_rollouts or not task_ids:
+            return np.zeros(len(task_ids), dtype=bool)
+        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        return self.predicted_informative()[idx] < self.policy.screen_skip_above
+
+    def record_screens(self, screened: int, task_ids: list[str], correct: np.ndarray, trials: np.ndarray) -> None:
+        """Count a round's screens and take the evidence of those that stopped (all rollouts equal,
+        never completed): their rollouts count as generated (``rollouts_screen_stopped``), the
+        rollouts they did not spend go back to the ``max_rollouts`` budget, the pass-rate estimate
+        learns from them, and their planned round counts them as not informative."""
+        c = self.counters
+        c["screens"] += screened
+        if not task_ids:
+            return
+        idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
+        trials = np.asarray(trials, dtype=np.int64)
+        versions = np.full(len(idx), self.model_version, dtype=np.int64)
+        self.passrate.observe(idx, np.asarray(correct), trials, np.zeros(len(idx), dtype=bool), versions)
+        self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
+        c["screens_stopped"] += len(idx)
+        c["rollouts_screen_stopped"] += int(trials.sum())
+        c["rollouts_planned"] -= int((self.policy.group_size - trials).sum())
+        self._touch(idx)
 
     def _open_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
         """Remember a planned round's predicted keep rate until all its groups are submitted."""
@@ -833,6 +887,8 @@ class OrchestratorCore:
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
         self.passrate.observe(idx, correct.sum(axis=1), valid.sum(axis=1), keep, versions)
+        for sel in self.selections.values():
+            sel.observe(idx, keep, reasons == GroupReason.ALL_CORRECT)
         self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, int(all_versions.max()))
         if self.policy.skip_after_all_correct or self.policy.skip_after_all_wrong:
@@ -877,7 +933,10 @@ class OrchestratorCore:
         if p.skip_after_all_wrong:
             hit |= h.consec_all_wrong[idx] >= p.skip_after_all_wrong
         t = idx[hit]
-        h.skip_until_epoch[t] = self.epoch + 1 + p.cooldown_epochs
+        # counted from the epoch the task was drawn in (its group may come back after the order
+        # entered the next epoch); a task never drawn here (groups submitted from elsewhere): now
+        drawn = self.pick_epoch[t]
+        h.skip_until_epoch[t] = np.where(drawn >= 0, drawn, self.epoch) + 1 + p.cooldown_epochs
         h.consec_all_correct[t] = 0
         h.consec_all_wrong[t] = 0
 
@@ -1020,7 +1079,7 @@ class OrchestratorCore:
         c = dict(self.counters)
         held = len(self.carry) + len(self.candidates)
         emitted_inf = c["groups_emitted"]
-        rollouts = c["rollouts_initial"] + c["rollouts_replenish"]
+        rollouts = c["rollouts_initial"] + c["rollouts_replenish"] + c["rollouts_screen_stopped"]
         c.update(
             groups_held=held,
             groups_carried=len(self.carry),
@@ -1063,18 +1122,15 @@ class OrchestratorCore:
         Raises :class:`UnknownTaskError`.
         """
         i = self.task_index(task_id)
-        due_in = None
-        if self.policy.selection == "informative":
-            sel = self.selections["informative"]
-            wait = self.policy.selection_revisit_epochs * len(self.task_ids) - (sel.picks - int(sel.last_pick[i]))
-            due_in = max(0, int(wait))
+        extra = self.selection.task_row(i, self._context())
         return TaskStats(
             task_id=task_id,
             **self.history.row(i),
             estimate=TaskEstimate(**self.passrate.row(i, self.model_version, self.policy.group_size)),
             epoch=self.epoch,
             next_eligible_epoch=max(self.epoch, int(self.history.skip_until_epoch[i])),
-            revisit_due_in_picks=due_in,
+            revisit_due_in_picks=extra.get("revisit_due_in_picks"),
+            selection_row=extra,
         )
 
     # ------------------------------------------------------------------ state
@@ -1128,6 +1184,7 @@ class OrchestratorCore:
             "model_version": self.model_version,
             "passrate": self.passrate.state_dict(),
             "selections": {name: sel.state_dict() for name, sel in self.selections.items()},
+            "pick_epoch": self.pick_epoch,
             "open_rounds": {k: dict(v) for k, v in self.open_rounds.items()},
             "awaited": {str(i): list(keys) for i, keys in self.awaited.items()},
             "last_round": dict(self.last_round) if self.last_round else None,
@@ -1167,15 +1224,18 @@ class OrchestratorCore:
         for key in ("model_version", "batch_id", "rounds_started"):
             setattr(self, key, state[key])
         self.passrate.half_life = self.policy.passrate_half_life
-        self.selections["epoch"].max_idle_epochs = self.policy.cooldown_epochs + 1
+        self.selections = {}
+        self.pick_epoch = np.array(state.get("pick_epoch", np.full(len(self.task_ids), -1)), dtype=np.int64)
         if "selections" in state:
             self.passrate.load_state_dict(state["passrate"])
-            for name, sel in self.selections.items():
-                sel.load_state_dict(state["selections"][name])
+            for name, sel_state in state["selections"].items():
+                self.selections[name] = make_selection(name, len(self.task_ids), self.seed, self.policy)
+                self.selections[name].load_state_dict(sel_state)
             self.open_rounds = {k: dict(v) for k, v in state["open_rounds"].items()}
             self.awaited = {int(i): list(keys) for i, keys in state["awaited"].items()}
             self.last_round = dict(state["last_round"]) if state["last_round"] else None
         else:  # version 1: epoch order only, no estimates
+            self.selections["epoch"] = make_selection("epoch", len(self.task_ids), self.seed, self.policy)
             self.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
         self.rounds_submitted = int(state.get("rounds_submitted", self.rounds_started))
         self.in_flight = list(state.get("in_flight", []))

@@ -35,6 +35,15 @@ The posterior of task t is ``Beta(a0 + s_t, b0 + f_t)`` (Beta-Binomial conjugacy
   population is not Beta-shaped (a third solved, a third unsolved, a third in between), where
   the variance match predicts far too few informative groups.
 
+*Per tag* (a task's difficulty tag, e.g. its family ``add2`` read from the task's metadata):
+  with ``tags``, the prior above is fitted to the first groups of the tasks sharing a tag
+  (at least :data:`MIN_TAG_TASKS` of them seen), else to the whole population. A task never
+  seen, or seen once, is then predicted from tasks like it, not from the whole mix: in a task
+  set where one family is always solved and another never, the population prior would call
+  an unseen task of either family informative half the time. This is the empirical-Bayes
+  prior of a hierarchical Beta-Binomial with one level per tag (Gelman et al., *Bayesian Data
+  Analysis*, 3rd ed., Sec. 5.3, fitted per group instead of jointly).
+
 Everything is a flat array over tasks; no per-task objects, no loops over tasks or rollouts.
 """
 
@@ -45,6 +54,8 @@ import torch
 
 PRIOR_GRID = 2001
 """Grid size of the prior strength search in :func:`fit_prior_to_informative_share`."""
+MIN_TAG_TASKS = 4
+"""Seen tasks a tag needs before its own prior replaces the population's."""
 UNIFORM_PRIOR = (1.0, 1.0)
 """Prior used until at least two tasks have evidence (Bayes-Laplace)."""
 
@@ -176,6 +187,15 @@ def fit_prior_to_informative_share(
     return mu * float(k[i]), (1 - mu) * float(k[i])
 
 
+def task_tags(task_set) -> list[str] | None:
+    """Each task's difficulty tag, from a task set that holds its tasks (``meta["family"]``, else
+    ``kind``), or None when the set does not iterate its tasks or all tags are equal."""
+    if not hasattr(task_set, "__iter__"):
+        return None
+    tags = [str((getattr(t, "meta", None) or {}).get("family", getattr(t, "kind", ""))) for t in task_set]
+    return tags if len(set(tags)) > 1 else None
+
+
 class PassRateEstimate:
     """Decayed Beta-Binomial pass-rate evidence per task, with a learned population prior.
 
@@ -196,10 +216,16 @@ class PassRateEstimate:
 
     FIELDS = ("successes", "failures")
 
-    def __init__(self, num_tasks: int, half_life: float | None = 16.0, prior: str = "informative_share"):
+    def __init__(self, num_tasks: int, half_life: float | None = 16.0, prior: str = "informative_share",
+                 tags: list[str] | None = None):
         if prior not in ("informative_share", "moments"):
             raise ValueError(f"prior: expected 'informative_share' or 'moments', got {prior!r}")
+        if tags is not None and len(tags) != num_tasks:
+            raise ValueError(f"tags: expected one per task ({num_tasks}), got {len(tags)}")
         self.num_tasks = num_tasks
+        names, codes = np.unique(np.asarray(tags if tags is not None else [""] * num_tasks, dtype=str), return_inverse=True)
+        self.tag_names = [str(x) for x in names]
+        self.tag = codes.astype(np.int64)  # (T,) index into tag_names
         self.half_life = half_life
         self.prior_fit = prior
         for name in self.FIELDS:
@@ -209,6 +235,10 @@ class PassRateEstimate:
         self.first_rate = np.zeros(num_tasks, dtype=np.float64)
         self.first_informative = np.zeros(num_tasks, dtype=np.float64)
         self.first_version = np.full(num_tasks, -1, dtype=np.int64)
+
+    def task_tags(self) -> list[str] | None:
+        """The tags given at construction (None when there was one tag)."""
+        return [self.tag_names[i] for i in self.tag] if len(self.tag_names) > 1 else None
 
     def _decay(self, age: np.ndarray) -> np.ndarray:
         age = np.maximum(np.asarray(age, dtype=np.float64), 0.0)
@@ -270,18 +300,20 @@ class PassRateEstimate:
         w = np.where(self.version >= 0, self._decay(model_version - self.version), 0.0)
         return {name: getattr(self, name) * w for name in self.FIELDS}
 
-    def prior(self, model_version: int, n: int) -> tuple[float, float]:
-        """The population prior (a0, b0) at ``model_version`` for groups of n.
+    def prior(self, model_version: int, n: int, rows: np.ndarray | None = None) -> tuple[float, float]:
+        """The population prior (a0, b0) at ``model_version`` for groups of n, over the tasks
+        ``rows`` ((T,) bool; None: all).
 
         Tasks with at least one (decayed) rollout of evidence count, each once: the mean is
         the mean of their observed pass rates; the strength follows ``prior``. With fewer than
         two such tasks: :data:`UNIFORM_PRIOR`.
         """
+        rows = np.ones(self.num_tasks, dtype=bool) if rows is None else rows
         c = self.counts(model_version)
         trials = c["successes"] + c["failures"]
         if self.prior_fit == "moments":
-            return fit_population_prior(c["successes"], trials)
-        seen = self.first_version >= 0
+            return fit_population_prior(c["successes"][rows], trials[rows])
+        seen = (self.first_version >= 0) & rows
         if int(seen.sum()) < 2:
             return UNIFORM_PRIOR
         w = self._decay(model_version - self.first_version[seen])
@@ -289,10 +321,21 @@ class PassRateEstimate:
         share = float(np.average(self.first_informative[seen], weights=w))
         return fit_prior_to_informative_share(mean, share, n)
 
+    def priors(self, model_version: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(a0, b0): (T,) float64 each, every task's prior: its tag's (fitted to that tag's tasks,
+        once :data:`MIN_TAG_TASKS` of them were seen), else the population's (:meth:`prior`)."""
+        pop = self.prior(model_version, n)
+        if len(self.tag_names) == 1:
+            return np.full(self.num_tasks, pop[0]), np.full(self.num_tasks, pop[1])
+        seen_per_tag = np.bincount(self.tag[self.first_version >= 0], minlength=len(self.tag_names))
+        table = np.array([self.prior(model_version, n, self.tag == k) if seen_per_tag[k] >= MIN_TAG_TASKS else pop
+                          for k in range(len(self.tag_names))])  # one fit per tag (a handful), not per task
+        return table[self.tag, 0], table[self.tag, 1]
+
     def posterior(self, model_version: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(alpha, beta): (T,) float64 each, ``a0 + s_t`` and ``b0 + f_t`` at ``model_version``."""
         c = self.counts(model_version)
-        a0, b0 = self.prior(model_version, n)
+        a0, b0 = self.priors(model_version, n)
         return a0 + c["successes"], b0 + c["failures"]
 
     def informativeness(self, model_version: int, n: int) -> np.ndarray:
@@ -302,7 +345,8 @@ class PassRateEstimate:
     def row(self, i: int, model_version: int, n: int) -> dict:
         """Plain view of task ``i`` (REST): posterior, its mean, evidence, predicted informativeness."""
         c = self.counts(model_version)
-        a0, b0 = self.prior(model_version, n)
+        a0s, b0s = self.priors(model_version, n)
+        a0, b0 = float(a0s[i]), float(b0s[i])
         alpha, beta = a0 + c["successes"][i], b0 + c["failures"][i]
         return {
             "alpha": float(alpha),
@@ -311,6 +355,9 @@ class PassRateEstimate:
             "evidence_rollouts": float(c["successes"][i] + c["failures"][i]),
             "predicted_informative": float(informativeness(np.array([alpha]), np.array([beta]), n)[0]),
             "seen": bool(self.version[i] >= 0),
+            "tag": self.tag_names[int(self.tag[i])],
+            "prior_alpha": a0,
+            "prior_beta": b0,
         }
 
     STATE = {

@@ -158,12 +158,29 @@ class ResamplingPolicy(BaseModel):
         "as a bug upstream (it would overflow the group statistics)."
     )
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
-    selection: Literal["epoch", "informative"] = Field(
+    selection: str = Field(
         "epoch",
-        description="How tasks are chosen: 'epoch' walks a seeded permutation per epoch (minus skip-rule "
-        "cooldowns); 'informative' draws tasks by their predicted chance of an informative group "
-        "(per-task Beta pass-rate posterior), with exploration and a revisit bound, and sizes each round "
-        "from the predicted keep rate of the tasks drawn.",
+        description="How tasks are chosen, a name in the selection registry (orchestrator.core.selection.SELECTIONS): "
+        "'epoch' walks a seeded permutation per epoch (minus skip-rule cooldowns); 'informative' draws tasks by "
+        "their predicted chance of an informative group (per-task Beta pass-rate posterior), with exploration and "
+        "a revisit bound, and sizes each round from the predicted keep rate of the tasks drawn; 'greso' is the "
+        "epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv 2506.02177).",
+    )
+    selection_options: dict[str, float] = Field(
+        default_factory=dict,
+        description="Mode-specific settings of the active selection (e.g. 'greso': p_start, step, p_min, "
+        "target_zero_share, easy_share); unknown keys are refused.",
+    )
+    screen_rollouts: int = Field(
+        0, ge=0, le=4096,
+        description="Screening (SPEED-RL, arXiv 2506.09016): roll this many rollouts of each task first and "
+        "complete the group to group_size only when they are not all equal (an informative group is then "
+        "certain); 0 = no screen. Standalone route only (see docs/sampling.md).",
+    )
+    screen_skip_above: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Screening: a task whose predicted chance of an informative group is at least this is rolled "
+        "out in full without a screen (its history says a screen would rarely stop it); 1 = screen every task.",
     )
     selection_explore: float = Field(
         0.01, ge=0.0, le=1.0,
@@ -218,6 +235,13 @@ class ResamplingPolicy(BaseModel):
                 f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size}) "
                 "when group_validity or stale_members is 'mask' (the only settings that use it)"
             )
+        from orchestrator.core.selection import SELECTIONS
+
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection: unknown mode {self.selection!r}; registered: {sorted(SELECTIONS)}")
+        if self.screen_rollouts and not 1 <= self.screen_rollouts < self.group_size:
+            raise ValueError(f"screen_rollouts ({self.screen_rollouts}) must be < group_size ({self.group_size}) "
+                             "(a screen rolls part of a group; 0 turns screening off)")
         if self.max_rollouts is not None and self.max_rollouts < self.group_size:
             raise ValueError(f"max_rollouts ({self.max_rollouts}) must be >= group_size ({self.group_size})")
         return self

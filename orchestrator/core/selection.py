@@ -1,8 +1,11 @@
 """Task selection: which tasks the next round rolls out.
 
 A small extension point (a base class with ``state_dict`` / ``load_state_dict`` /
-``metrics``, as prime-rl's curriculum buffers and Trinity's ``BaseSelector``) and two modes,
-chosen by the resampling policy's ``selection`` field:
+``metrics``, as prime-rl's curriculum buffers and Trinity's ``BaseSelector``) behind one
+registry (:data:`SELECTIONS`, filled by :func:`register_selection`), chosen by name in the
+resampling policy's ``selection`` field. Adding a mode is one class with the decorator (see
+:mod:`orchestrator.core.greso` for one in its own file); the orchestrator only calls the base
+class's methods. The modes here:
 
 * ``epoch`` - each epoch a seeded permutation of the task set, tasks in a skip-rule cooldown
   left out (the orchestrator's original order).
@@ -17,7 +20,7 @@ so the state is a few integers and a checkpoint restores the exact next draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +36,9 @@ class SelectionContext:
         sharpness: exponent on the predicted informativeness in the draw weights (``informative``).
         revisit_epochs: a task not drawn for this many epochs is drawn first (``informative``).
         max_epochs: no task is drawn in epoch ``max_epochs`` or later (end of data); None = no end.
+        zero_streak_correct, zero_streak_wrong: (T,) int64, each task's consecutive all-correct /
+            all-wrong groups up to now (the history's; zero-variance streaks, as GRESO reads them).
+        options: the policy's ``selection_options`` (mode-specific settings, e.g. GRESO's).
     """
 
     skip_until_epoch: np.ndarray
@@ -41,6 +47,34 @@ class SelectionContext:
     sharpness: float = 1.0
     revisit_epochs: int = 4
     max_epochs: int | None = None
+    zero_streak_correct: np.ndarray | None = None
+    zero_streak_wrong: np.ndarray | None = None
+    options: dict = field(default_factory=dict)
+
+
+SELECTIONS: dict[str, type] = {}
+"""The registry: selection name -> class (the policy's ``selection`` values)."""
+
+
+def register_selection(cls: type) -> type:
+    """Class decorator: register a :class:`TaskSelection` under its ``name``."""
+    if cls.name in SELECTIONS and SELECTIONS[cls.name] is not cls:
+        raise ValueError(f"selection {cls.name!r} is already registered ({SELECTIONS[cls.name].__qualname__})")
+    SELECTIONS[cls.name] = cls
+    return cls
+
+
+def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
+    """A new selection of mode ``name``, configured from ``policy``.
+
+    Raises:
+        ValueError: unknown name (the known ones are listed).
+    """
+    if name not in SELECTIONS:
+        raise ValueError(f"selection: unknown mode {name!r}; registered: {sorted(SELECTIONS)}")
+    sel = SELECTIONS[name](num_tasks, seed)
+    sel.configure(policy)
+    return sel
 
 
 class TaskSelection:
@@ -49,16 +83,37 @@ class TaskSelection:
     Subclasses implement :meth:`select` (exactly ``count`` tasks when enough are eligible)
     and may override :meth:`fill` (a round: enough tasks for ``need`` expected informative
     groups). ``epoch`` is the pass over the task set the selection is in; skip-rule cooldowns
-    are counted in it, and no draw enters epoch ``ctx.max_epochs``.
+    are counted in it, and no draw enters epoch ``ctx.max_epochs``. After a draw,
+    :attr:`picked_epochs` holds the epoch each drawn task was drawn in (a draw may cross an
+    epoch boundary); the orchestrator counts a skip-rule cooldown from it.
+
+    Class attributes a mode sets:
+        name: the registry name (the policy's ``selection`` value).
+        sizes_by_prediction: True when :meth:`fill` sizes a round from the per-task predictions
+            (the orchestrator then passes the ``need`` of informative groups and sizes by
+            ``min_keep_rate``); False: the round is sized from the observed keep rate.
     """
 
     name = "base"
+    sizes_by_prediction = False
 
     def __init__(self, num_tasks: int, seed: int = 0):
         if num_tasks < 1:
             raise ValueError(f"num_tasks: the task set is empty ({num_tasks})")
         self.num_tasks = num_tasks
         self.seed = seed
+        self.picked_epochs = np.zeros(0, dtype=np.int64)
+
+    def configure(self, policy) -> None:
+        """Read settings from the resampling policy (at construction and each policy change)."""
+
+    def observe(self, task_idx: np.ndarray, informative: np.ndarray, all_correct: np.ndarray) -> None:
+        """Feedback of classified groups: (G,) int64 task indices and (G,) bool outcomes.
+        Called on every registered selection that exists, active or not. Default: nothing."""
+
+    def task_row(self, i: int, ctx: SelectionContext) -> dict:
+        """Mode-specific fields of ``GET /v1/tasks/{id}`` for task ``i`` (default: none)."""
+        return {}
 
     @property
     def epoch(self) -> int:
@@ -86,6 +141,7 @@ class TaskSelection:
         return {"epoch": float(self.epoch)}
 
 
+@register_selection
 class EpochSelection(TaskSelection):
     """Epoch order: a seeded permutation per epoch, tasks in a skip-rule cooldown left out.
 
@@ -101,6 +157,11 @@ class EpochSelection(TaskSelection):
         self._epoch = 0
         self.cursor = 0
         self.max_idle_epochs = max_idle_epochs
+        self.passed_over = 0  # tasks the order passed without drawing them (cooldown or a mode's skip), counter
+
+    def configure(self, policy) -> None:
+        """``max_idle_epochs = cooldown_epochs + 1``: every task is out of its cooldown by then."""
+        self.max_idle_epochs = policy.cooldown_epochs + 1
 
     @property
     def epoch(self) -> int:
@@ -110,14 +171,22 @@ class EpochSelection(TaskSelection):
         """(T,) int64: the permutation of epoch ``epoch`` (``default_rng([seed, epoch])``)."""
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)
 
+    def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
+        """(k,) bool: which of ``tasks`` (the rest of this epoch's order) may be drawn now: those
+        out of a skip-rule cooldown. A subclass may leave out more (GRESO's skips)."""
+        return ctx.skip_until_epoch[tasks] <= self._epoch
+
     def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
         chosen: list[np.ndarray] = []
+        epochs: list[np.ndarray] = []
         got = idle = 0
         while got < count and idle <= self.max_idle_epochs and (ctx.max_epochs is None or self._epoch < ctx.max_epochs):
             rest = self.order(self._epoch)[self.cursor :]
-            eligible = np.flatnonzero(ctx.skip_until_epoch[rest] <= self._epoch)
-            take = eligible[: count - got]
+            take = np.flatnonzero(self.eligible(rest, ctx))[: count - got]
+            passed = int(take[-1]) + 1 if got + len(take) == count and len(take) else len(rest)
+            self.passed_over += passed - len(take)
             chosen.append(rest[take])
+            epochs.append(np.full(len(take), self._epoch, dtype=np.int64))
             got += len(take)
             idle = 0 if len(take) else idle + 1
             if got == count and len(take):
@@ -127,14 +196,19 @@ class EpochSelection(TaskSelection):
             if self.cursor >= self.num_tasks:
                 self._epoch += 1
                 self.cursor = 0
+        self.picked_epochs = np.concatenate(epochs) if epochs else np.zeros(0, dtype=np.int64)
         return np.concatenate(chosen).astype(np.int64) if chosen else np.zeros(0, dtype=np.int64)
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "cursor": self.cursor}
+        return {"epoch": self._epoch, "cursor": self.cursor, "passed_over": self.passed_over}
 
     def load_state_dict(self, state: dict) -> None:
         self._epoch = int(state["epoch"])
         self.cursor = int(state["cursor"])
+        self.passed_over = int(state.get("passed_over", 0))
+
+    def metrics(self) -> dict[str, float]:
+        return {"epoch": float(self._epoch), "passed_over": float(self.passed_over)}
 
 
 def draw_weights(informative: np.ndarray, eligible: np.ndarray, explore: float, sharpness: float) -> np.ndarray:
@@ -191,6 +265,7 @@ class InformativeSelection(TaskSelection):
     """
 
     name = "informative"
+    sizes_by_prediction = True
 
     def __init__(self, num_tasks: int, seed: int = 0):
         super().__init__(num_tasks, seed)
@@ -227,6 +302,7 @@ class InformativeSelection(TaskSelection):
 
     def _take(self, chosen: np.ndarray, n_due: int) -> np.ndarray:
         self.revisits += min(n_due, len(chosen))
+        self.picked_epochs = (self.picks + np.arange(len(chosen), dtype=np.int64)) // self.num_tasks
         self.picks += len(chosen)
         self.last_pick[chosen] = self.picks
         return chosen
@@ -258,3 +334,14 @@ class InformativeSelection(TaskSelection):
 
     def metrics(self) -> dict[str, float]:
         return {"epoch": float(self.epoch), "picks": float(self.picks), "revisits": float(self.revisits)}
+
+    def task_row(self, i: int, ctx: SelectionContext) -> dict:
+        """``revisit_due_in_picks``: after how many more picks task ``i`` is drawn first (0 = due now)."""
+        wait = ctx.revisit_epochs * self.num_tasks - (self.picks - int(self.last_pick[i]))
+        return {"revisit_due_in_picks": max(0, int(wait))}
+
+
+register_selection(InformativeSelection)
+
+
+from orchestrator.core import greso as _greso  # noqa: E402,F401  (registers 'greso'; it subclasses EpochSelection)

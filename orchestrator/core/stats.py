@@ -13,8 +13,6 @@ Accounting invariant (checked by the tests)::
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -54,6 +52,9 @@ COUNTERS: tuple[str, ...] = (
     "round_groups",
     "round_predicted_informative",
     "round_realised_informative",
+    "screens",
+    "screens_stopped",
+    "rollouts_screen_stopped",
 )
 """The cumulative counters the core keeps (``OrchestratorCore.counters``), in :class:`Stats` order."""
 
@@ -97,7 +98,10 @@ class Stats(BaseModel):
     groups_held: int = Field(title="groups held", description="Carried over plus the open batch's padding candidates.")
     rollouts_initial: int = Field(title="rollouts generated: initial")
     rollouts_replenish: int = Field(title="rollouts generated: replenish")
-    rollouts_total: int = Field(title="rollouts generated: total")
+    rollouts_total: int = Field(title="rollouts generated: total", description="initial + replenish + rollouts_screen_stopped.")
+    screens: int = Field(0, title="screens", description="Tasks screened (screen_rollouts rolled first).")
+    screens_stopped: int = Field(0, title="screens stopped", description="Screens whose rollouts were all equal: the group was not completed.")
+    rollouts_screen_stopped: int = Field(0, title="rollouts of stopped screens", description="Rollouts spent on screens that stopped (never trained on).")
     rollouts_wasted: int = Field(title="rollouts wasted", description="Rollouts of dropped groups.")
     rollouts_per_emitted_group: float | None = Field(title="rollouts per emitted informative group", description="Null before any.")
     keep_ratio: float | None = Field(title="keep rate (informative / classified)", description="Null before any group.")
@@ -133,8 +137,8 @@ class Stats(BaseModel):
         description="False during an outage of the Redis anchor index (the orchestrator's health check); null without one.",
     )
     anchor_index_outages: int = Field(0, title="anchor index outages", description="Outages of the Redis anchor index seen.")
-    selection: Literal["epoch", "informative"] = Field(title="task selection", description="policy.selection.")
-    selection_metrics: dict[str, float] = Field(title="task selection state", description="epoch; informative: picks, revisits.")
+    selection: str = Field(title="task selection", description="policy.selection (a name in the selection registry).")
+    selection_metrics: dict[str, float] = Field(title="task selection state", description="epoch; epoch: passed_over; informative: picks, revisits; greso: p_easy, p_hard.")
     rounds_completed: int = Field(title="planned rounds completed", description="Planned rounds whose groups all came back.")
     round_groups: int = Field(title="groups of completed planned rounds")
     round_predicted_informative: float = Field(title="informative groups predicted (completed planned rounds)", description="Sum of predicted chances.")
@@ -156,6 +160,9 @@ class TaskEstimate(BaseModel):
     evidence_rollouts: float = Field(description="Decayed rollouts behind the estimate (0 for a task never seen).")
     predicted_informative: float = Field(description="Predicted chance that its next group of group_size is informative.")
     seen: bool
+    tag: str = Field("", description="The task's difficulty tag (task meta 'family', else its kind); its prior is learned per tag.")
+    prior_alpha: float = Field(0.0, description="a0 of the prior it shrinks to: its tag's (from that tag's first groups), else the population's.")
+    prior_beta: float = Field(0.0, description="b0 of that prior.")
 
 
 class TaskStats(BaseModel):
@@ -181,4 +188,7 @@ class TaskStats(BaseModel):
     next_eligible_epoch: int = Field(description="First epoch in which the task may be picked (skip-rule cooldown).")
     revisit_due_in_picks: int | None = Field(
         None, description="'informative' selection: picks until the task is drawn first (0 = due now); null otherwise."
+    )
+    selection_row: dict[str, float | int] = Field(
+        default_factory=dict, description="The active selection's own fields for this task (e.g. greso_keep_probability)."
     )

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import ray
@@ -46,7 +46,11 @@ class DapoTrainConfig(BaseModel):
     seed: int = Field(0, description="Seeds tasks or maps, warm start, sampling and the trainer's mini-batch shuffle (trainer.seed is replaced).")
     out_dir: Path = Path("runs/train")
     # task and policy
-    task: str = Field("max", description="'max' (a,b -> max(a, b)) or 'add' (a+b -> a + b); see orchestrator.train.tiny.")
+    task: str = Field("max", description="'max' (a,b -> max(a, b)), 'add' (a+b -> a + b) or 'mix' (the families of "
+                      "``families``, orchestrator.train.tiny.mixed_tasks); see orchestrator.train.tiny.")
+    families: list[str] = Field(default_factory=lambda: ["max1", "max2", "add1", "add2", "add3"],
+                                description="Task families of task='mix', '<op><digits>' (ignored otherwise).")
+    warm_pool: int = Field(600, ge=8, description="task='mix': warm-start tasks, disjoint from the training and held-out ones.")
     digits: int = Field(2, ge=1, le=4, description="Digits of each operand.")
     train_size: int = Field(2000, ge=8, description="Training tasks.")
     heldout_size: int = Field(200, ge=8, description="Held-out tasks, disjoint from the training ones.")
@@ -56,6 +60,10 @@ class DapoTrainConfig(BaseModel):
     # sampling
     policy: ResamplingPolicy = Field(default_factory=_train_policy)
     dynamic_sampling: bool = Field(True, description="DAPO's filter (Eq. 11); False: every group trains (GRPO).")
+    reference_loop: Literal["dapo_recipe", "trinity_difficulty"] | None = Field(
+        None, description="Batches from a reference loop instead of the orchestrator (orchestrator.jobs.reference_loops): "
+        "'dapo_recipe' (accumulate-and-truncate), 'trinity_difficulty' (the same, prompts from Trinity's "
+        "difficulty_based selector); None: the orchestrator.")
     temperature: float = Field(1.0, gt=0)
     max_tokens: int = Field(5, ge=1, description="Response budget in tokens, EOS included (L_max of Eq. 13).")
     overlong: bool = Field(True, description="DAPO's soft overlong punishment (Eq. 13).")
@@ -73,7 +81,22 @@ class DapoTrainConfig(BaseModel):
 def _policy_dir(cfg: DapoTrainConfig) -> Path:
     from orchestrator.rollout.model import cache_root
 
-    return cache_root() / f"tiny-{cfg.task}{cfg.digits}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+    name = "mix-" + "-".join(cfg.families) + f"-p{cfg.warm_pool}" if cfg.task == "mix" else f"{cfg.task}{cfg.digits}"
+    return cache_root() / f"tiny-{name}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+
+
+def task_sets(cfg: DapoTrainConfig) -> tuple[Any, Any, Any]:
+    """(train, held-out, warm-start) task sets of ``cfg``: train and held-out disjoint, the held-out
+    set with the training mix; the warm start runs on the training tasks, or with ``task='mix'``
+    on a disjoint pool of ``warm_pool`` tasks (:func:`orchestrator.train.tiny.mixed_tasks`)."""
+    from orchestrator.train.tiny import addition_tasks, mixed_tasks
+
+    if cfg.task == "mix":
+        return mixed_tasks(families=cfg.families, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
+                           pool_size=cfg.warm_pool)
+    train, held = addition_tasks(digits=cfg.digits, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
+                                 op=cfg.task)
+    return train, held, train
 
 
 def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, float]:
@@ -81,18 +104,31 @@ def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[
     acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
     lengths = np.array([[r.metrics["response_length"] for r in g.rollouts] for g in groups])
     truncated = np.array([[r.info["finish_reason"] == "length" for r in g.rollouts] for g in groups])
-    return {"heldout_acc": float(acc.mean()), "heldout_pass_any": float(acc.max(axis=1).mean()),
+    return {"heldout_acc": float(acc.mean()), "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
             "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
 
 
+def start_engine(model_dir: Any, seed: int = 0) -> Any:
+    """The vLLM engine actor of a training run (:class:`orchestrator.train.sync.TrainableEngineActor`), started."""
+    from orchestrator.train.sync import TrainableEngineActor
+
+    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=seed,
+                                         enable_prefix_caching=False)
+    ray.get(engine.ready.remote(), timeout=600)
+    return engine
+
+
 def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | None = None,
-                      log: Callable[[str], None] | None = None) -> dict:
+                      log: Callable[[str], None] | None = None, engine: Any = None) -> dict:
     """Run one training job; return its summary (also written to ``out_dir/train.json``, plots beside it).
 
     Args:
         cfg: the configuration.
         progress: called with each step's row (the keys of ``summary["steps"][i]``).
         log: called with start-up messages.
+        engine: a running engine actor (:func:`start_engine`) of the same model shape to reuse (a
+            comparison of many runs pays vLLM's start-up once): the run's warm-started weights are
+            loaded into it first and verified, and it is left running.
     Returns:
         ``{"config", "wall_seconds", "start_heldout_acc", "end_heldout_acc", "steps": [...],
         "evals": [...], "stats", "sync": {...}, "rollouts_per_emitted_group"}``.
@@ -103,8 +139,8 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     from orchestrator.rollout.source import OverlongConfig, SamplingConfig
     from orchestrator.service.actor import OrchestratorActor
     from orchestrator.service.metrics import DSOMetrics
-    from orchestrator.train.sync import TrainableEngineActor, WeightSync
-    from orchestrator.train.tiny import MARKER, addition_tasks, ensure_policy
+    from orchestrator.train.sync import WeightSync
+    from orchestrator.train.tiny import MARKER, ensure_policy
     from orchestrator.train.trainer import PolicyTrainer
 
     say = log or (lambda msg: None)
@@ -113,16 +149,15 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
 
-    train, held = addition_tasks(digits=cfg.digits, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
-                                 op=cfg.task)
+    train, held, warm = task_sets(cfg)
     cached = (_policy_dir(cfg) / MARKER).is_file()
     say(f"warm start ({cfg.warm_steps} supervised steps{', from the cache' if cached else '; cached for the next run'})")
-    model_dir = ensure_policy(_policy_dir(cfg), train, seed=cfg.seed, warm_steps=cfg.warm_steps, hidden=cfg.hidden,
+    model_dir = ensure_policy(_policy_dir(cfg), warm, seed=cfg.seed, warm_steps=cfg.warm_steps, hidden=cfg.hidden,
                               layers=cfg.layers)
-    say("starting the vLLM engine")
-    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=cfg.seed,
-                                         enable_prefix_caching=False)
-    ray.get(engine.ready.remote(), timeout=600)
+    own_engine = engine is None
+    if own_engine:
+        say("starting the vLLM engine")
+        engine = start_engine(model_dir, cfg.seed)
     overlong = OverlongConfig(max_response_length=cfg.max_tokens, cache_length=cfg.overlong_cache) if cfg.overlong else None
     sampling = SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, overlong=overlong)
     source = VLLMRolloutSource(engine, train, sampling)
@@ -132,8 +167,15 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     actor = OrchestratorActor.options(name=f"dso-train-{uuid.uuid4().hex[:8]}").remote(
         cfg.policy, train, source, seed=cfg.seed, metrics=DSOMetrics())
     trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
+    if not own_engine:
+        ray.get(engine.load_weights.remote(trainer.named_weights()), timeout=120)  # this run's warm start
+    tokens_at_start = ray.get(engine.generated.remote())
+    eval_tokens = 0
+    eval_seconds = 0.0
+    trained_tokens = useful_tokens = 0
 
     first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0")
+    eval_tokens += first["heldout_tokens"]
     probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]
     sync = WeightSync(engine, actor, probes, tol=cfg.sync_tol)
     start_diff = sync.check(trainer, 0)
@@ -142,11 +184,21 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     steps: list[dict] = []
     prev = ray.get(actor.get_stats.remote()).model_dump()
     local = {"rollouts": 0, "groups": 0, "kept": 0}
+    ref_loop = None
+    if cfg.reference_loop is not None:
+        from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
+
+        kind = DapoRecipeLoop if cfg.reference_loop == "dapo_recipe" else TrinityDifficultyLoop
+        ref_loop = kind(source, list(train), cfg.policy.target_groups, cfg.policy.group_size, cfg.policy.target_groups,
+                        seed=cfg.seed)
+        ref_prev = {"classified": 0, "kept": 0, "dropped": dict(ref_loop.dropped)}
     version = 0
     step = 0
     while step < cfg.max_steps:
         t0 = time.monotonic()
-        if cfg.dynamic_sampling:
+        if ref_loop is not None:
+            batch = ref_loop.next_batch(step, version)
+        elif cfg.dynamic_sampling:
             batch: Batch = ray.get(actor.next_batch.remote())
         else:
             task_ids = ray.get(actor.select_tasks.remote(cfg.policy.target_groups))
@@ -160,6 +212,10 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         rollout_s = time.monotonic() - t0
         t1 = time.monotonic()
         metrics = trainer.train_batch(batch)
+        # response tokens of the groups trained on, and of those with a non-zero advantage (informative)
+        trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
+        useful_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups
+                             if not g.padding and g.reason == "informative" for e in g.rollouts)
         train_s = time.monotonic() - t1
         step += 1
         sync_row: dict[str, float] = {}
@@ -167,7 +223,14 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             sync_row = sync.sync(trainer, step)
             version = sync.version
         stats = ray.get(actor.get_stats.remote()).model_dump()
-        if cfg.dynamic_sampling:
+        if ref_loop is not None:
+            rollouts = ref_loop.rollouts
+            classified = ref_loop.classified - ref_prev["classified"]
+            kept = ref_loop.kept - ref_prev["kept"]
+            dropped = {r: ref_loop.dropped[r] - ref_prev["dropped"][r] for r in ref_loop.dropped}
+            reward_all = reward_kept = math.nan
+            ref_prev = {"classified": ref_loop.classified, "kept": ref_loop.kept, "dropped": dict(ref_loop.dropped)}
+        elif cfg.dynamic_sampling:
             rollouts = stats["rollouts_total"]
             classified = stats["groups_submitted"] - prev["groups_submitted"]
             kept = stats["groups_kept_classified"] - prev["groups_kept_classified"]
@@ -196,9 +259,16 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
         }
         if step % cfg.eval_every == 0 or rollouts >= cfg.rollout_budget:
+            t2 = time.monotonic()
             ev = _evaluate(held_source, held_tasks, cfg.eval_samples, version, f"eval{step}")
             ev.pop("_groups")
-            evals.append({"step": step, "rollouts": int(rollouts), "model_version": version, **ev})
+            eval_tokens += ev["heldout_tokens"]
+            generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
+            # wall time without the evaluations (what a run without held-out checks would take)
+            evals.append({"step": step, "rollouts": int(rollouts), "model_version": version,
+                          "train_wall_seconds": row["wall_seconds"] - eval_seconds, "generated_tokens": generated,
+                          "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, **ev})
+            eval_seconds += time.monotonic() - t2
             row["heldout_acc"] = ev["heldout_acc"]
         steps.append(row)
         actor.report_training.remote(step, {k: v for k, v in row.items() if not isinstance(v, dict)})
@@ -209,8 +279,10 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
 
     stats = ray.get(actor.get_stats.remote()).model_dump()
     (cfg.out_dir / "metrics.prom").write_text(ray.get(actor.metrics_text.remote()))
+    generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
     ray.kill(actor)
-    ray.kill(engine)
+    if own_engine:
+        ray.kill(engine)
     rollouts_total = steps[-1]["rollouts"] if steps else 0
     groups_trained = int(sum(s["sequences"] for s in steps)) // cfg.policy.group_size
     summary = {
@@ -219,16 +291,23 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         "start_heldout_acc": evals[0]["heldout_acc"],
         "end_heldout_acc": evals[-1]["heldout_acc"],
         "steps_done": len(steps),
+        "eval_seconds": round(eval_seconds, 1),
+        "generated_tokens": generated,
+        "trained_tokens": trained_tokens,
+        "useful_tokens": useful_tokens,
+        "trained_token_share": trained_tokens / generated if generated else None,
+        "useful_token_share": useful_tokens / generated if generated else None,
         "rollouts": rollouts_total,
         "groups_trained": groups_trained,
         "rollouts_per_trained_group": rollouts_total / groups_trained if groups_trained else None,
-        "rollouts_per_emitted_group": stats["rollouts_per_emitted_group"] if cfg.dynamic_sampling else rollouts_total / max(groups_trained, 1),
+        "rollouts_per_emitted_group": (stats["rollouts_per_emitted_group"] if cfg.dynamic_sampling and ref_loop is None
+                                       else rollouts_total / max(groups_trained, 1)),
         "sync": {"method": "collective_rpc('reload_weights') + reset_prefix_cache, verified on probes",
                  "count": len(sync.seconds), "mean_seconds": float(np.mean(sync.seconds)) if sync.seconds else None,
                  "max_seconds": float(np.max(sync.seconds)) if sync.seconds else None,
                  "start_max_abs_diff": start_diff,
                  "max_abs_diff": max((s.get("max_abs_diff", 0.0) for s in steps), default=0.0)},
-        "stats": stats if cfg.dynamic_sampling else None,
+        "stats": stats if cfg.dynamic_sampling and ref_loop is None else None,
         "evals": evals,
         "steps": steps,
     }

@@ -71,6 +71,11 @@ class VLLMEngine:
             **engine_kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.generated_tokens = 0  # response tokens sampled by generate (counter, EOS included)
+
+    def generated(self) -> int:
+        """Response tokens sampled by :meth:`generate` so far (EOS included)."""
+        return self.generated_tokens
 
     def ready(self) -> str:
         """The model directory, once the engine is up (await it to wait for start-up)."""
@@ -134,6 +139,7 @@ class VLLMEngine:
             if len(out.outputs) != n:
                 raise RolloutError(f"prompt {p}: vLLM returned {len(out.outputs)} samples, expected n={n}")
             result.append([self._sample(out, c) for c in out.outputs])
+        self.generated_tokens += sum(len(s["token_ids"]) for row in result for s in row)
         return result
 
     def chat_choice(

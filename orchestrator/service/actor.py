@@ -40,11 +40,13 @@ from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
+from orchestrator.core.passrate import task_tags
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.rows import GroupRows
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
+from orchestrator.rollout.screening import screened_generate
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
@@ -167,7 +169,7 @@ class Orchestrator(AnchorLifecycle):
         self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_judge(policy, rollout_source)
-        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed)
+        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
         self.task_set = task_set
         self.rollout_source = rollout_source
         self.sink = sink
@@ -297,7 +299,8 @@ class Orchestrator(AnchorLifecycle):
         """After a failed commit: back to the last commit written."""
         if self.store is not None:
             log.exception("commit to %s failed: back to the last commit", self.store.path)
-            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed)
+            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
+                                         task_tags=self.core.passrate.task_tags())
             self.ready = []
             self._load()
 
@@ -355,6 +358,7 @@ class Orchestrator(AnchorLifecycle):
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
+                    screen = self.core.screen_mask(plan.task_ids)
                 mine = self.commits.pending
             if out is not None:
                 await self.commits.durable(mine)
@@ -366,16 +370,29 @@ class Orchestrator(AnchorLifecycle):
                 continue
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
-            groups = await asyncio.to_thread(
-                self.rollout_source.generate, tasks, self.core.policy.group_size, model_version=version,
-                round_tag=f"b{plan.batch_id}r{plan.round}",
-            )
+            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screen)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:
+                if screens is not None:
+                    self.core.record_screens(screens.screened, screens.stopped_task_ids, screens.stopped_correct,
+                                             screens.stopped_trials)
                 await self._submit(groups, emit=False)
                 mine = self.commits.pending
             await self.commits.durable(mine)
+
+    def _roll(self, tasks: list, version: int, round_tag: str, screen: np.ndarray) -> tuple[list[Group], Any]:
+        """Roll one planned round through the rollout source (off the lock), with screens for the
+        tasks ``screen`` marks (:mod:`orchestrator.rollout.screening`). Returns the groups and the
+        screens' result (None without screens), which the caller records under the lock."""
+        p = self.core.policy
+        if not screen.any():
+            return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag), None
+        f = p.filter
+        res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screen, judge=f.judge,
+                                correct_threshold=f.correct_threshold, model_version=version, round_tag=round_tag,
+                                std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
+        return res.groups, res
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
@@ -845,6 +862,10 @@ class Orchestrator(AnchorLifecycle):
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
         check_judge(new, self.rollout_source)
+        if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
+            raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
+                                     "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
+                                     "group (docs/sampling.md); the policy is unchanged")
         pinned = self.attachment.get("pinned") or {}
         broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]

@@ -159,6 +159,50 @@ def addition_tasks(*, digits: int = 2, seed: int = 0, train_size: int = 2000, he
     return TaskSet(task(k) for k in picks[heldout_size:]), TaskSet(task(k) for k in picks[:heldout_size])
 
 
+FAMILIES = ("max1", "max2", "add1", "add2", "add3")
+"""Default task families of :func:`mixed_tasks`: ``<op><digits>`` (op of :data:`OPS`, digits per operand).
+On the warm-started policy (``warm_steps=30``) they spread from nearly always solved (``max1``,
+``add1``) through mixed (``max2``) to nearly never solved (``add2``, ``add3``); the measured spread
+is in docs/sampling.md (``trinity-dso compare-sampling --spread``)."""
+
+
+def mixed_tasks(*, families: tuple[str, ...] | list[str] = FAMILIES, seed: int = 0, train_size: int = 300,
+                heldout_size: int = 150, pool_size: int = 0) -> tuple[TaskSet, TaskSet, TaskSet]:
+    """Disjoint train, held-out and warm-start sets mixing task families (equal shares, the first
+    families take the remainder), each family split as :func:`addition_tasks` does, so the
+    held-out set has the training set's mix.
+
+    The warm-start pool (``pool_size`` tasks, as many per family as its pairs allow) is disjoint
+    from both: a warm start on the RL training tasks themselves would memorise them, and the
+    held-out tasks would start far below the training ones (measured: 0.11 against 0.22 with
+    160 tasks), so RL gains would not carry over.
+
+    Every task carries ``meta["family"]`` (e.g. ``"add2"``): the difficulty tag the pass-rate
+    prior is learned per (:class:`orchestrator.core.passrate.PassRateEstimate`).
+
+    Raises:
+        ValueError: an unknown family, or a family with fewer pairs than its share needs.
+    """
+    fams = list(families)
+    if not fams:
+        raise ValueError("families: empty")
+    train_parts, held_parts, pool = [], [], []
+    for i, fam in enumerate(fams):
+        op, digits = fam.rstrip("0123456789"), fam[len(fam.rstrip("0123456789")):]
+        if op not in OPS or not digits or not 1 <= int(digits) <= 4:
+            raise ValueError(f"families: {fam!r} is not <op><digits> with op in {OPS} and digits 1-4")
+        k = train_size // len(fams) + (i < train_size % len(fams))
+        h = heldout_size // len(fams) + (i < heldout_size % len(fams))
+        w = min(pool_size // len(fams) + (i < pool_size % len(fams)), (10 ** int(digits)) ** 2 - k - h)
+        tr, he = addition_tasks(digits=int(digits), seed=seed, train_size=k + w, heldout_size=h, op=op)
+        for t in [*tr, *he]:
+            t.meta["family"] = fam
+        train_parts += list(tr)[:k]
+        pool += list(tr)[k:]
+        held_parts += list(he)
+    return TaskSet(train_parts), TaskSet(held_parts), TaskSet(pool)
+
+
 # --------------------------------------------------------------------------- warm start
 
 
@@ -181,10 +225,22 @@ def warm_start(
     """
     tasks = list(train)
     gen = random.Random(seed)
+    # tasks with a family (mixed_tasks) are drawn family-balanced: a family uniformly, then a task
+    # of it, so a family with few distinct pairs (1-digit operands) is not drowned out
+    fams: dict[str, list] = {}
+    for t in tasks:
+        fams.setdefault(str(t.meta.get("family", "")), []).append(t)
+    groups = list(fams.values())
+
+    def draw():
+        if len(groups) == 1:
+            return tasks[gen.randrange(len(tasks))]
+        g = groups[gen.randrange(len(groups))]
+        return g[gen.randrange(len(g))]
 
     def batch() -> tuple[list[list[int]], list[int]]:
         seqs, starts = [], []
-        for t in [tasks[gen.randrange(len(tasks))] for _ in range(batch_size)]:
+        for t in [draw() for _ in range(batch_size)]:
             prompt = encode(t.prompt[0]["content"] + "=")
             seqs.append(prompt + encode(t.answer) + [EOS_ID])
             starts.append(len(prompt))
@@ -227,6 +283,8 @@ def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: i
     """Build the tiny Llama and warm-start it once (a marker file records the settings)."""
     out = Path(out_dir)
     settings = {"seed": seed, "warm_steps": warm_steps, "hidden": hidden, "layers": layers, "tasks": train.task_ids[:3]}
+    if len({str(t.meta.get("family", "")) for t in train}) > 1:
+        settings["draw"] = "family-balanced"  # see warm_start
     marker = out / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == settings:
         return out

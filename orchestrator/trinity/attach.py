@@ -83,7 +83,12 @@ class AttachConfig(BaseModel):
             raise ValueError("; ".join(parts)) from None
 
     def resampling_policy(self) -> ResamplingPolicy:
-        return ResamplingPolicy.parse({**self.policy, **self.pinned})
+        """The run's policy; screening is refused (Trinity's workflow rolls all repeat_times at once)."""
+        from orchestrator.rollout.screening import check_route
+
+        policy = ResamplingPolicy.parse({**self.policy, **self.pinned})
+        check_route(policy.screen_rollouts, "trinity")
+        return policy
 
 
 def create_orchestrator(cfg: AttachConfig, num_tasks: int) -> Any:

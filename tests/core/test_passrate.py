@@ -204,3 +204,30 @@ def test_state_of_another_task_count_is_refused():
     est = PassRateEstimate(4)
     with pytest.raises(ValueError, match="passrate.successes: expected 3 tasks"):
         PassRateEstimate(3).load_state_dict(est.state_dict())
+
+
+def test_unseen_task_is_predicted_from_its_tags_tasks():
+    # tag "easy": 4 tasks all correct (first groups of 8); tag "mid": 4 tasks at 4/8, all informative.
+    # The population prior would call an unseen task informative half the time; the tag's prior
+    # predicts the unseen easy task (index 4) as never informative and the unseen mid task (9) as
+    # always (its tag's first groups: share 1).
+    tags = ["easy"] * 5 + ["mid"] * 5
+    est = PassRateEstimate(10, half_life=None, tags=tags)
+    seen = np.array([0, 1, 2, 3, 5, 6, 7, 8])
+    correct = np.array([8, 8, 8, 8, 4, 4, 4, 4])
+    est.observe(seen, correct, np.full(8, 8), correct < 8, np.zeros(8, dtype=np.int64))
+    pred = est.informativeness(0, 8)
+    a_pop, b_pop = est.prior(0, 8)
+    pop = informativeness(np.array([a_pop]), np.array([b_pop]), 8)[0]
+    assert pop == pytest.approx(0.5, abs=0.01)  # the population's share of informative first groups
+    assert pred[4] < 0.01
+    assert pred[9] > 0.95
+    row = est.row(4, 0, 8)
+    assert row["tag"] == "easy" and row["prior_alpha"] / (row["prior_alpha"] + row["prior_beta"]) > 0.99
+
+
+def test_a_tag_with_too_few_seen_tasks_uses_the_population_prior():
+    est = PassRateEstimate(6, half_life=None, tags=["a"] * 3 + ["b"] * 3)
+    est.observe(np.array([0, 1, 3]), np.array([8, 8, 0]), np.full(3, 8), np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64))
+    a0, b0 = est.priors(0, 8)
+    assert (a0[2], b0[2]) == pytest.approx(est.prior(0, 8))

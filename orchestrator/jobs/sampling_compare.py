@@ -1,0 +1,244 @@
+"""``compare-sampling``: which tasks to roll out, measured in real training (the CPU DAPO loop).
+
+Every arm runs :func:`orchestrator.jobs.dapo_train.run_dapo_training` on the same task set,
+warm start, seeds and rollout budget; only the way groups are chosen differs:
+
+=======================  ===================================================================
+``epoch``                drop and carry over, epoch order (what Trinity's ``dapo_dynamic_sampling`` does)
+``informative``          tasks drawn by their predicted chance of an informative group
+``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL)
+``informative_screen``   ours combined: ``informative`` draws plus screens of the uncertain tasks
+``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
+``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
+``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
+``grpo``                 no filter: every rolled group trains
+=======================  ===================================================================
+
+The task set (:func:`orchestrator.train.tiny.mixed_tasks`) mixes operations and operand sizes
+so that, on the warm-started policy, a quarter or more of the tasks are nearly always solved,
+a quarter or more nearly never, the rest between (:func:`measure_spread`); the held-out set has
+the same mix. The budget makes at least five passes over the training tasks.
+
+:data:`TARGET_GAIN` is fixed before the runs: the held-out accuracy gain whose first crossing
+(rollouts and wall time, evaluations excluded) the table reports.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
+
+TRAIN_SIZE = 160
+"""Training tasks (32 per family)."""
+HELDOUT_SIZE = 120
+"""Held-out tasks (24 per family), disjoint from the training ones."""
+BUDGET = 6_400
+"""Rollouts per arm and seed: five passes of 8 rollouts over the 160 training tasks."""
+TARGET_GAIN = 0.05
+"""The target, fixed before the runs: held-out accuracy (avg@4) 5 points above the warm-started
+policy's (the step-0 evaluation, the same for every arm of a seed: same weights, same sampling
+seeds). The table reports its first crossing."""
+WARM_STEPS = 300
+"""Supervised warm-start steps (family-balanced, on the 600-task pool). Measured on seed 0
+(``--spread``, 16 rollouts per task): training tasks 23 % nearly always solved, 64 % nearly
+never, 13 % between (mean 0.29); held-out 20 % / 68 % / 13 % (mean 0.27). 150 unbalanced steps
+left nothing solved (mean 0.06)."""
+SCREEN_K = 2
+"""Rollouts of a screen (of ``group_size`` 8)."""
+
+ARMS: dict[str, dict] = {
+    "epoch": {},
+    "informative": {"policy": {"selection": "informative"}},
+    "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
+    "screening": {"policy": {"screen_rollouts": SCREEN_K}},
+    "greso": {"policy": {"selection": "greso"}},
+    "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
+    "dapo_recipe": {"reference_loop": "dapo_recipe"},
+    "grpo": {"dynamic_sampling": False},
+}
+OURS = ("informative", "screening", "informative_screen")
+REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
+
+
+def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
+    """The comparison's defaults: the mixed task set, 8 groups of 8 per batch, eval every 2 batches."""
+    cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", train_size=TRAIN_SIZE, heldout_size=HELDOUT_SIZE,
+                          warm_steps=WARM_STEPS, rollout_budget=BUDGET if budget is None else budget, eval_every=2, eval_samples=4)
+    return cfg
+
+
+def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> DapoTrainConfig:
+    """One arm's configuration: :func:`base_config` plus the arm's changes (policy merged key by key)."""
+    base = base_config(out / f"{arm}-s{seed}", seed, budget).model_dump()
+    change = ARMS[arm]
+    data = {**base, **{k: v for k, v in change.items() if k != "policy"}}
+    data["policy"] = {**base["policy"], **change.get("policy", {})}
+    return DapoTrainConfig.model_validate(data)
+
+
+def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict:
+    """Pass rate of every training and held-out task on the warm-started policy (``samples``
+    rollouts each, temperature of ``cfg``): shares nearly always solved (>= 0.9), nearly never
+    (<= 0.1) and between, overall and per family."""
+    import ray
+
+    from orchestrator.jobs.dapo_train import _policy_dir, start_engine, task_sets
+    from orchestrator.rollout.engine import VLLMRolloutSource
+    from orchestrator.rollout.source import SamplingConfig
+    from orchestrator.train.tiny import ensure_policy
+
+    train, held, warm = task_sets(cfg)
+    model_dir = ensure_policy(_policy_dir(cfg), warm, seed=cfg.seed, warm_steps=cfg.warm_steps, hidden=cfg.hidden, layers=cfg.layers)
+    own = engine is None
+    engine = start_engine(model_dir, cfg.seed) if own else engine
+    if not own:
+        from orchestrator.train.trainer import PolicyTrainer
+
+        ray.get(engine.load_weights.remote(PolicyTrainer(model_dir, cfg.trainer).named_weights()))
+    out = {}
+    for name, ts in (("train", train), ("heldout", held)):
+        source = VLLMRolloutSource(engine, ts, SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + 7))
+        tasks = list(ts)
+        groups = source.generate(tasks, samples, round_tag="spread")
+        rate = np.array([np.mean([r.metrics["accuracy"] for r in g.rollouts]) for g in groups])
+        fam = np.array([t.meta.get("family", t.kind) for t in tasks])
+        row = {"tasks": len(tasks), "mean": float(rate.mean()), "solved": float((rate >= 0.9).mean()),
+               "unsolved": float((rate <= 0.1).mean()), "between": float(((rate > 0.1) & (rate < 0.9)).mean()),
+               "families": {}}
+        for f in sorted(set(fam)):
+            r = rate[fam == f]
+            row["families"][f] = {"mean": float(r.mean()), "solved": float((r >= 0.9).mean()), "unsolved": float((r <= 0.1).mean())}
+        out[name] = row
+    if own:
+        ray.kill(engine)
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float] | None:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def run_summary(s: dict, gain: float) -> dict:
+    """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, wall
+    seconds without evaluations), final held-out accuracy, rollouts per emitted group, token shares."""
+    target = s["start_heldout_acc"] + gain
+    hit = next((e for e in s["evals"] if e["heldout_acc"] >= target - 1e-9), None)
+    return {
+        "to_target_rollouts": hit["rollouts"] if hit else None,
+        "to_target_seconds": (hit.get("train_wall_seconds", 0.0) if hit["step"] else 0.0) if hit else None,
+        "start": s["start_heldout_acc"], "final": s["end_heldout_acc"],
+        "rollouts": s["rollouts"], "rollouts_per_emitted_group": s["rollouts_per_emitted_group"],
+        "trained_token_share": s.get("trained_token_share"), "useful_token_share": s.get("useful_token_share"),
+        "wall_seconds": s["wall_seconds"], "eval_seconds": s.get("eval_seconds"),
+        "curve": [(e["rollouts"], e["heldout_acc"]) for e in s["evals"]],
+    }
+
+
+def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]:
+    """Per-arm means ± std over seeds, and the markdown table (rollouts to target: over the seeds that reached it)."""
+    rows = []
+    for arm, runs in results.items():
+        rows.append({
+            "arm": arm, "seeds": len(runs), "reached": sum(r["to_target_rollouts"] is not None for r in runs),
+            **{k: _stats([r[k] for r in runs]) for k in ("to_target_rollouts", "to_target_seconds", "final",
+                                                         "rollouts_per_emitted_group", "trained_token_share",
+                                                         "useful_token_share", "start")},
+            "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
+        })
+
+    def f(st, fmt):
+        return "-" if st is None else f"{format(st['mean'], fmt)} ± {format(st['std'], fmt)}"
+
+    lines = [f"| arm | seeds reaching start + {gain:.2f} | rollouts to target | wall s to target | final held-out acc "
+             "| rollouts / emitted group | generated tokens trained on | ... with non-zero advantage |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['reached']}/{r['seeds']} | {f(r['to_target_rollouts'], '.0f')} | {f(r['to_target_seconds'], '.1f')} "
+                     f"| {f(r['final'], '.3f')} | {f(r['rollouts_per_emitted_group'], '.1f')} | {f(r['trained_token_share'], '.2f')} "
+                     f"| {f(r['useful_token_share'], '.2f')} |")
+    return rows, "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra: dict) -> str:
+    """comparison.json / .md / .png in ``out``; returns the markdown."""
+    from orchestrator.jobs.plots import plot_ablation
+
+    rows, md = table(results, gain)
+    per_seed = ["", "Per seed (rollouts to target; final held-out accuracy):", ""]
+    for r in rows:
+        per_seed.append(f"- {r['arm']}: " + ", ".join(
+            f"s{i}: {x['to_target_rollouts'] if x['to_target_rollouts'] is not None else '-'}; {x['final']:.3f}"
+            for i, x in enumerate(r["per_seed"])))
+    md = md + "\n".join(per_seed) + "\n"
+    (out / "comparison.md").write_text(md)
+    (out / "comparison.json").write_text(json.dumps({"target_gain": gain, **extra, "rows": rows,
+                                                     "curves": {a: [r["curve"] for r in runs] for a, runs in results.items()}},
+                                                    indent=1))
+    curves = {a: [r["curve"] for r in runs] for a, runs in results.items()}
+    plot_ablation(curves, out / "comparison.png", xlabel="rollouts generated", ylabel="held-out accuracy (avg@4)")
+    return md
+
+
+def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms: list[str] | None = None,
+                   gain: float = TARGET_GAIN, spread: bool = True, log: Callable[[str], None] | None = None) -> dict:
+    """Every arm x seed, seed-major (all arms of seed 0 first, so a partial run compares like with
+    like), one vLLM engine for all runs (each run loads its own warm start into it); the outputs
+    are rewritten after every run. With ``spread``, the task set's difficulty spread on seed 0's
+    warm-started policy is measured first (``spread.json``).
+
+    Returns:
+        ``{"rows": [...], "markdown": str}``.
+    """
+    import ray
+
+    from orchestrator.jobs.dapo_train import _policy_dir, start_engine, task_sets
+    from orchestrator.train.tiny import ensure_policy
+
+    say = log or (lambda msg: None)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = arms or list(ARMS)
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
+    first = arm_config(chosen[0], 0, out, budget)
+    ensure_policy(_policy_dir(first), task_sets(first)[2], seed=0, warm_steps=first.warm_steps, hidden=first.hidden, layers=first.layers)
+    engine = start_engine(_policy_dir(first), 0)
+    results: dict[str, list[dict]] = {a: [] for a in chosen}
+    started = time.monotonic()
+    md = ""
+    extra: dict = {"budget": first.rollout_budget, "seeds": seeds, "arms": chosen}
+    try:
+        if spread:
+            extra["spread"] = measure_spread(base_config(out / "spread", 0, budget), engine=engine)
+            (out / "spread.json").write_text(json.dumps(extra["spread"], indent=1))
+            say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
+        for seed in range(seeds):
+            for arm in chosen:
+                cfg = arm_config(arm, seed, out, budget)
+                try:
+                    s = run_dapo_training(cfg, engine=engine)
+                except Exception as exc:  # one failed run is reported, the comparison goes on
+                    say(f"{arm} seed {seed}: FAILED: {type(exc).__name__}: {exc}")
+                    extra.setdefault("failed", []).append({"arm": arm, "seed": seed, "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                r = run_summary(s, gain)
+                results[arm].append(r)
+                say(f"{arm} seed {seed}: held-out {r['start']:.3f} -> {r['final']:.3f}, to +{gain:.2f}: "
+                    f"{r['to_target_rollouts']} rollouts / {r['to_target_seconds']} s, "
+                    f"{r['rollouts_per_emitted_group']:.1f} rollouts per group ({s['wall_seconds']} s; "
+                    f"{time.monotonic() - started:.0f} s in all)")
+                md = write_outputs(out, {a: v for a, v in results.items() if v}, gain,
+                                   {**extra, "elapsed_seconds": time.monotonic() - started})
+    finally:
+        ray.kill(engine)
+    rows, _ = table({a: v for a, v in results.items() if v}, gain)
+    return {"rows": rows, "markdown": md}

@@ -1,0 +1,85 @@
+"""``compare-sampling``: the task family's split, the summary figures by hand, the reference
+loops' accounting, and a real two-arm smoke run (vLLM engine, orchestrator actor, trainer)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
+from orchestrator.jobs.sampling_compare import ARMS, arm_config, run_comparison, run_summary, table
+from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
+from orchestrator.train.tiny import mixed_tasks
+
+
+def test_mixed_tasks_are_disjoint_and_share_the_mix():
+    train, held, pool = mixed_tasks(families=["max1", "add2"], train_size=10, heldout_size=6, pool_size=20)
+    ids = [set(train.task_ids), set(held.task_ids), set(pool.task_ids)]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    fam = lambda ts: sorted(t.meta["family"] for t in ts)  # noqa: E731
+    assert fam(train) == ["add2"] * 5 + ["max1"] * 5 and fam(held) == ["add2"] * 3 + ["max1"] * 3
+    assert held.get(held.task_ids[0]).answer == str(max(*map(int, held.task_ids[0].split("-")[1:])))
+
+
+def test_unknown_family_is_refused():
+    with pytest.raises(ValueError, match="'mul2'"):
+        mixed_tasks(families=["mul2"])
+
+
+def test_every_arm_builds_a_valid_config(tmp_path):
+    for arm in ARMS:
+        cfg = arm_config(arm, 1, tmp_path)
+        assert cfg.seed == 1 and cfg.task == "mix"
+    assert arm_config("informative_screen", 0, tmp_path).policy.screen_rollouts == 2
+
+
+def test_summary_reads_the_first_crossing():
+    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3},
+             {"step": 4, "rollouts": 400, "heldout_acc": 0.45, "train_wall_seconds": 10.0},
+             {"step": 8, "rollouts": 900, "heldout_acc": 0.52, "train_wall_seconds": 21.0},
+             {"step": 12, "rollouts": 1300, "heldout_acc": 0.49, "train_wall_seconds": 30.0}]
+    s = {"evals": evals, "start_heldout_acc": 0.3, "end_heldout_acc": 0.49, "rollouts": 1300, "rollouts_per_emitted_group": 13.0,
+         "wall_seconds": 40.0}
+    r = run_summary(s, 0.2)  # target 0.3 + 0.2
+    assert (r["to_target_rollouts"], r["to_target_seconds"], r["final"]) == (900, 21.0, 0.49)
+    rows, md = table({"a": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}]}, 0.2)
+    assert rows[0]["to_target_rollouts"]["mean"] == 1000 and rows[0]["to_target_rollouts"]["std"] == pytest.approx(141.42, abs=0.01)
+    assert "| a | 2/2 | 1000 ± 141 |" in md
+
+
+def _bernoulli(rates):
+    ids = [f"t{i}" for i in range(len(rates))]
+    src = BernoulliRolloutSource(dict(zip(ids, rates)), seed=0)
+    tasks = [ScriptedTasks(ids).get(t) for t in ids]
+    for t in tasks:
+        t.meta["family"] = "x"
+    return src, tasks
+
+
+def test_dapo_recipe_loop_truncates_and_counts_every_rollout():
+    src, tasks = _bernoulli([0.5] * 10 + [1.0] * 10)
+    loop = DapoRecipeLoop(src, tasks, target=4, n=4, gen_batch=4, seed=0)
+    batch = loop.next_batch(0, 0)
+    assert len(batch.groups) == 4 and all(g.reason == "informative" for g in batch.groups)
+    assert loop.rollouts == loop.classified * 4 and loop.kept - loop.discarded == 4
+
+
+def test_trinity_selector_prefers_tasks_near_half_once_it_has_feedback():
+    src, tasks = _bernoulli([0.5] * 10 + [1.0] * 10)
+    loop = TrinityDifficultyLoop(src, tasks, target=4, n=8, gen_batch=20, seed=0)
+    loop.feedback(list(range(20)), np.array([[1, 0] * 4] * 10 + [[1] * 8] * 10, dtype=float))
+    picks = loop.pick(8)
+    assert sum(i < 10 for i in picks) >= 7
+
+
+@pytest.mark.slow
+def test_two_arm_smoke_writes_the_comparison(tmp_path):
+    out = run_comparison(tmp_path, seeds=1, budget=256, arms=["epoch", "screening"], gain=0.0, spread=False)
+    data = json.loads((tmp_path / "comparison.json").read_text())
+    assert [r["arm"] for r in data["rows"]] == ["epoch", "screening"]
+    assert all(r["reached"] == 1 for r in data["rows"])  # gain 0: reached at the start
+    assert (tmp_path / "comparison.png").stat().st_size > 0 and "| epoch |" in out["markdown"]
+    screening = json.loads((tmp_path / "screening-s0" / "train.json").read_text())
+    assert screening["stats"]["screens"] > 0
