@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
@@ -283,11 +284,21 @@ class OrchestratorOperator(ExperienceOperatorV1):
             out.extend(steps)
         return out
 
-    def _sweep(self, held: list[str]) -> None:
+    async def _sweep(self, actor: Any, held: list[str], refresh: bool) -> None:
         """Free the payload of every group the actor no longer holds (dropped as non-informative,
         invalid, stale, or a padding candidate left unused at a release), in memory and in
-        ``held_dir``, and write the step's newly held ones (:meth:`HeldPayloads.settle`);
-        ``held``: the refs the actor holds, from the step's ``submit_and_pop`` reply."""
+        ``held_dir``, and write the step's newly held ones (:meth:`HeldPayloads.settle`).
+
+        ``held``: the refs the actor holds, from the step's ``submit_and_pop`` reply. ``refresh``
+        (a ``close_batch`` / ``finish_batch`` released a batch after it, and dropped the unused
+        padding candidates): asked again with ``held_refs``; if that call fails, the reply's refs
+        are used (the released batch is already expanded and returned: nothing is lost, and the
+        groups the close dropped are freed at the next step)."""
+        if refresh:
+            try:
+                held = await actor.held_refs.remote()
+            except (TimeoutError, ray.exceptions.RayError) as err:
+                log.warning("held_refs after a close failed (%s): the unused candidates are freed at the next step", err)
         self.held.settle(held)
 
     def _call_id(self) -> str:
@@ -332,7 +343,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 batches += 1
                 padded += batch.num_padding
                 self._rounds_open = 0
-        self._sweep(held)
+        await self._sweep(actor, held, refresh=batches > len(ready))
         metrics = {
             "dso/groups_submitted": len(labels),
             "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),

@@ -152,7 +152,7 @@ def group(batch, task, index, rewards):
                        metrics={{"accuracy": float(r > 0)}}) for run, r in enumerate(rewards)]
 if {block!r}:
     def blocked(*args, **kwargs):  # the kill comes between the actor's commit and the write
-        sys.stdout.write("writing\n")  # one write: never interleaved with the main thread's lines
+        sys.stdout.write("writing\\n")  # one write: never interleaved with the main thread's lines
         sys.stdout.flush()
         time.sleep(3600)
     held.write_file = blocked
