@@ -31,6 +31,7 @@ have it, their shapes, its dtype and the concatenated bytes. Files of the earlie
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import pickle
 import time
@@ -57,6 +58,7 @@ class HeldPayloadLostError(KeyError):
 
 
 _NONES = dict.fromkeys(TENSORS)
+_DTYPE = operator.attrgetter("dtype")
 
 
 def _flat(ts: list[torch.Tensor]) -> tuple[list, str, np.ndarray]:
@@ -68,7 +70,7 @@ def _flat(ts: list[torch.Tensor]) -> tuple[list, str, np.ndarray]:
         shapes = [tuple(t.shape) for t in ts]
         ts = [t.reshape(-1) for t in ts]
     with torch.no_grad():
-        flat = torch.cat(ts) if len(ts) > 1 else ts[0].clone()
+        flat = (torch.cat(ts) if len(ts) > 1 else ts[0].clone()).cpu()  # tensors on several devices: torch refuses
     return shapes, str(flat.dtype).removeprefix("torch."), flat.contiguous().view(torch.uint8).numpy()
 
 
@@ -107,8 +109,8 @@ def pack(groups: list[list[TrinityExperience]]) -> dict:
         if not have:
             continue
         ts = [values[i] for i in have]
-        if len({t.dtype for t in ts}) > 1 or any(t.device.type != "cpu" for t in ts):
-            tensors[name] = (have, None, None, [t.detach().cpu() for t in ts])  # each as it is (pickled by torch)
+        if len(set(map(_DTYPE, ts))) > 1:  # mixed dtypes in one field: each tensor as it is (pickled by torch)
+            tensors[name] = (have, None, None, [t.detach().cpu() for t in ts])
             continue
         tensors[name] = (have, *_flat(ts))
     return {"sizes": [len(g) for g in groups], "columns": _columns(exps) if exps else {"rows": []}, "tensors": tensors}
@@ -252,7 +254,7 @@ class HeldPayloads:
             self.forget(ref)
         new = [r for r in self.memory if r not in self._file_of]
         if new and self.dir is not None:
-            self.wait()
+            self.wait()  # the previous step's write (it ran during this step's submit): on disk, or its error raised
             self._seq += 1
             path = self.dir / f"{self.session}-{self._seq:06d}{SUFFIX}"
             self._live[path] = set(new)

@@ -169,7 +169,6 @@ class OrchestratorOperator(ExperienceOperatorV1):
             await actor.drop_held.remote(lost)
 
     def _hold(self, payload: dict[str, list[TrinityExperience]]) -> None:
-        self.held.wait()  # the previous step's write is on disk (or its error raised) before this step submits
         self.held.stage(payload)
 
     def _take(self, key: str, task_id: str) -> list[TrinityExperience]:
