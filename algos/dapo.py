@@ -47,6 +47,7 @@ class GroupReason(IntEnum):
     OUT_OF_BAND = 5
     STALE = 6
     INVALID = 7
+    LOST = 8  # held, but its payload died with the submitter (orchestrator.trinity.held): never a filter outcome
 
     @property
     def label(self) -> str:

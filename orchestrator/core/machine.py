@@ -945,6 +945,21 @@ class OrchestratorCore:
         if len(rows):
             self._count_dropped(sum(rows.sizes), collections.Counter(rows.reasons))
 
+    def drop_held(self, refs: set[str], reason: str) -> int:
+        """Drop the held groups (carry pool and padding candidates) whose ``ref`` is in ``refs``,
+        counted under ``reason``; returns how many (refs not held are ignored: idempotent)."""
+        count = 0
+        for name in ("carry", "candidates"):
+            rows = getattr(self, name)
+            hit = np.fromiter(map(refs.__contains__, rows.refs), bool, len(rows))
+            if hit.any():
+                dropped = rows.take(hit)
+                dropped.reasons = [reason] * len(dropped)
+                self._drop(dropped)
+                setattr(self, name, rows.take(~hit))
+                count += len(dropped)
+        return count
+
     def _count_dropped(self, rollouts: int, by_reason: collections.Counter) -> None:
         self.counters["groups_dropped"] += sum(by_reason.values())
         self.counters["rollouts_wasted"] += rollouts

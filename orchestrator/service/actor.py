@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from algos.dapo import InvalidGroupError
+from algos.dapo import GroupReason, InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
@@ -421,8 +421,9 @@ class Orchestrator(AnchorLifecycle):
 
     @ray.method(max_task_retries=RETRIES)
     async def submit_and_pop(
-        self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None
-    ) -> tuple[Any, list[Batch]]:
+        self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None,
+        held: bool = False,
+    ) -> tuple[Any, list[Batch]] | tuple[Any, list[Batch], list[str]]:
         """:meth:`submit_groups`, then every ready batch (what :meth:`pop_batch` returns until None),
         in one call and one commit: the Trinity operator's call, one round trip per explore step.
 
@@ -435,16 +436,22 @@ class Orchestrator(AnchorLifecycle):
         Only the last call with an id that handed out batches is remembered (one caller per
         orchestrator, the operator). Without an id, a call whose answer is lost after its
         commit has handed its batches out (they are in a :class:`SQLiteSink`).
+
+        ``held=True`` (the Trinity operator's): the reply is ``(labels, batches, refs)``, ``refs``
+        as :meth:`held_refs` after this call, so the caller knows which of its groups to keep
+        without a second call after a release.
         Raises:
             see :meth:`submit_groups` (nothing is accepted or handed out).
         """
-        return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id)
+        return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id, held=held)
 
     async def _submit_call(
-        self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool, call_id: str | None = None
-    ) -> tuple[Any, list[Batch]]:
+        self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool, call_id: str | None = None,
+        held: bool = False,
+    ) -> tuple[Any, list[Batch]] | tuple[Any, list[Batch], list[str]]:
         """Submit a list or a table and, with ``pop``, take every ready batch; return the labels
-        and the batches once a commit covers them (outside the lock: concurrent calls share it)."""
+        and the batches (and with ``held`` the held refs) once a commit covers them (outside the
+        lock: concurrent calls share it)."""
         self._start_watch()
         async with self._lock:
             if isinstance(groups, GroupTable):
@@ -458,9 +465,10 @@ class Orchestrator(AnchorLifecycle):
             batches += fresh
             if fresh:
                 self._remember(call_id, batches)
+            refs = self.held_refs() if held else None
             mine = self.commits.pending
         await self.commits.durable(mine)
-        return labels, batches
+        return (labels, batches, refs) if held else (labels, batches)
 
     @staticmethod
     def _slices(items: list, rollouts: Any) -> list[list]:
@@ -826,6 +834,18 @@ class Orchestrator(AnchorLifecycle):
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
         that keeps the payloads (the Trinity operator frees the others)."""
         return [ref for ref in self.core.carry.refs + self.core.candidates.refs if ref]
+
+    @ray.method(max_task_retries=RETRIES)
+    async def drop_held(self, refs: list[str]) -> int:
+        """Drop the held groups named by ``refs`` as ``lost``: the Trinity operator found no payload
+        for them at its attach (its explorer died between the commit of a step and the write of
+        that step's held groups; ``orchestrator.trinity.held``). Counted in ``dropped_by_reason``
+        and logged; refs not held are ignored (idempotent, so Ray may retry it). Returns how many
+        were dropped, once committed."""
+        count = await self._committed(lambda: self.core.drop_held(set(refs), GroupReason.LOST.label))
+        if count:
+            log.warning("dropped %d held groups as lost (their payload died with the explorer)", count)
+        return count
 
     def attachment_info(self) -> dict:
         """The attached run, its pinned policy fields and their reason (``{}`` when none)."""

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
 
 import numpy as np
+import ray
 import torch
 from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
@@ -27,6 +26,7 @@ from orchestrator.trinity.attach import (
     trinity_task_id,
 )
 from orchestrator.trinity.fields import MASKED, NO_INFO, tid_codes
+from orchestrator.trinity.held import HeldPayloadLostError, HeldPayloads
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -109,12 +109,16 @@ class OrchestratorOperator(ExperienceOperatorV1):
     is > 0 and that many rounds after the first passed without a release, the operator closes
     the open batch (``close_batch``: pad, partial or raise per ``policy.on_cap``).
 
-    Held groups survive an explorer restart: the experiences of every submitted group are
-    written to ``held_dir`` (Trinity's ``Experience.serialize_many``, one file per group, named
-    by its ``ref`` ``<session>:<tid>``) before the actor sees it, and deleted when released or dropped. A group carried over by
-    the actor is then released by the next explorer process from that file; its ``eid.batch``
-    gets ``@<session>`` appended, so that it never shares an ``eid.tid`` (the GRPO grouping key)
-    with a group of the new process, which numbers its explore steps from its checkpoint again.
+    Held groups survive an explorer restart (:class:`~orchestrator.trinity.held.HeldPayloads`,
+    ``docs/held-payloads.md``): the ``submit_and_pop`` reply names the groups the actor holds,
+    and the step's newly held ones (never the dropped or released ones) are written to
+    ``held_dir`` as one file per step, in a worker thread, after the reply; files are deleted
+    once none of their groups is held. A group carried over by the actor is then released by the
+    next explorer process from that file; its ``eid.batch`` gets ``@<session>`` appended, so that
+    it never shares an ``eid.tid`` (the GRPO grouping key) with a group of the new process,
+    which numbers its explore steps from its checkpoint again. At attach, held groups whose
+    payload was never written (the explorer died between the actor's commit and the write) are
+    dropped by the actor as ``lost``.
 
     Args (the pipeline's ``operators[...].args``): an
         :class:`~orchestrator.trinity.attach.AttachConfig` (``actor_name``, ``namespace``,
@@ -133,9 +137,8 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.session = new_session()
         self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
-        self._payload: dict[str, list[TrinityExperience]] = {}  # group ref -> its experiences (by run, step)
+        self.held = HeldPayloads(self.held_dir, self.session)  # group ref -> its experiences (by run, step)
         self._rounds_open = 0  # explore steps submitted since the last release
-        self._swept_dir = False  # files of earlier processes not held any more: deleted once
         self.auxiliary_models = {}
 
     async def actor(self) -> Any:
@@ -150,46 +153,37 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
                 pinned=dict(cfg.pinned), pinned_by=cfg.pinned_by,
             )
+            await self._recover(actor)
             self._actor = actor
         return self._actor
 
     # ------------------------------------------------------------- held experiences
-    def _file(self, key: str) -> Path | None:
-        return self.held_dir / (quote(key, safe="") + ".bin") if self.held_dir is not None else None
+    async def _recover(self, actor: Any) -> None:
+        """At attach, before this process submits: index ``held_dir`` by the groups the actor
+        holds, delete the files of groups it no longer holds, and have it drop, as ``lost``, the
+        held groups whose payload is nowhere (an explorer killed between the actor's commit of a
+        step and the write of that step's held groups: see ``docs/held-payloads.md``)."""
+        lost = self.held.recover(await actor.held_refs.remote())
+        if lost:
+            log.warning("held_dir %s: no payload for %d held groups (the previous explorer died before writing "
+                        "them); the orchestrator drops them as lost: %s", self.held_dir, len(lost), lost[:8])
+            await actor.drop_held.remote(lost)
 
     def _hold(self, payload: dict[str, list[TrinityExperience]]) -> None:
-        self._payload.update(payload)
-        if self.held_dir is None:
-            return
-        self.held_dir.mkdir(parents=True, exist_ok=True)
-        for key, steps in payload.items():
-            path = self._file(key)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(TrinityExperience.serialize_many(steps))
-            os.replace(tmp, path)
+        self.held.stage(payload)
 
     def _take(self, key: str, task_id: str) -> list[TrinityExperience]:
-        steps = self._payload.pop(key, None)
-        path = self._file(key)
-        if steps is None and path is not None and path.exists():
-            steps = TrinityExperience.deserialize_many(path.read_bytes())
-            session = key.split(":", 1)[0]
-            for s in steps:  # never share an eid.tid with a group of this process
-                s.eid.batch = f"{s.eid.batch}@{session}"
-        if path is not None:
-            path.unlink(missing_ok=True)
-        if steps is None:
-            raise KeyError(
+        try:
+            return self.held.take(key)
+        except HeldPayloadLostError:
+            raise HeldPayloadLostError(
                 f"ref: no experiences held for group {key!r} (task {task_id!r}); set held_dir to a path "
                 "that survives an explorer restart"
-            )
-        return steps
+            ) from None
 
-    def _forget(self, key: str) -> None:
-        self._payload.pop(key, None)
-        path = self._file(key)
-        if path is not None:
-            path.unlink(missing_ok=True)
+    async def close(self) -> None:
+        """Trinity's pipeline closes: the last write of held groups is finished."""
+        self.held.close()
 
     def to_table(self, exps: list[TrinityExperience]) -> tuple[GroupTable | None, dict[str, list[TrinityExperience]], int]:
         """Group one explore step's experiences into columns (each experience read in one visit, :func:`_read_steps`).
@@ -321,18 +315,22 @@ class OrchestratorOperator(ExperienceOperatorV1):
             out.extend(steps)
         return out
 
-    async def _sweep(self, actor: Any) -> None:
+    async def _sweep(self, actor: Any, held: list[str], refresh: bool) -> None:
         """Free the payload of every group the actor no longer holds (dropped as non-informative,
         invalid, stale, or a padding candidate left unused at a release), in memory and in
-        ``held_dir``, including the files of earlier explorer processes."""
-        held = set(await actor.held_refs.remote())
-        for ref in [r for r in self._payload if r not in held]:
-            self._forget(ref)
-        if self.held_dir is not None and not self._swept_dir and self.held_dir.is_dir():
-            for path in self.held_dir.glob("*.bin"):
-                if unquote(path.stem) not in held:
-                    path.unlink(missing_ok=True)
-            self._swept_dir = True
+        ``held_dir``, and write the step's newly held ones (:meth:`HeldPayloads.settle`).
+
+        ``held``: the refs the actor holds, from the step's ``submit_and_pop`` reply. ``refresh``
+        (a ``close_batch`` / ``finish_batch`` released a batch after it, and dropped the unused
+        padding candidates): asked again with ``held_refs``; if that call fails, the reply's refs
+        are used (the released batch is already expanded and returned: nothing is lost, and the
+        groups the close dropped are freed at the next step)."""
+        if refresh:
+            try:
+                held = await actor.held_refs.remote()
+            except (TimeoutError, ray.exceptions.RayError) as err:
+                log.warning("held_refs after a close failed (%s): the unused candidates are freed at the next step", err)
+        self.held.settle(held)
 
     def _call_id(self) -> str:
         return f"{self.session}:{uuid.uuid4().hex}"
@@ -343,11 +341,13 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
         table, payload, incomplete = self.to_table(exps)
         if table is not None:
-            self._hold(payload)  # on disk before the actor holds the groups
+            self._hold(payload)  # in memory; those the actor holds are written once it replied (_sweep)
             self._rounds_open += 1
         # one call: the groups in, every ready batch out (an empty submit only collects)
         # a call id makes Ray's retry (the actor died during the call) return the same batches
-        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop", call_id=self._call_id())
+        # held=True: the reply also names every group the actor holds now (no second call after a release)
+        labels, ready, held = await actor.submit_and_pop.remote(
+            table if table is not None else [], on_invalid="drop", call_id=self._call_id(), held=True)
         labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0
@@ -374,7 +374,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 batches += 1
                 padded += batch.num_padding
                 self._rounds_open = 0
-        await self._sweep(actor)
+        await self._sweep(actor, held, refresh=batches > len(ready))
         metrics = {
             "dso/groups_submitted": len(labels),
             "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),
@@ -383,7 +383,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
             "dso/batches_released": batches,
             "dso/groups_padding": padded,
             "dso/experiences_released": len(released),
-            "dso/groups_held": len(self._payload),
+            "dso/groups_held": len(self.held),
         }
         return released, metrics
 

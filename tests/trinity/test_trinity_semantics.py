@@ -109,6 +109,7 @@ from orchestrator.core.machine import OrchestratorCore  # noqa: E402
 from orchestrator.core.policy import ResamplingPolicy  # noqa: E402
 from orchestrator.service.actor import get_or_create_orchestrator  # noqa: E402
 from orchestrator.tasks.taskset import IndexTaskSet  # noqa: E402
+from orchestrator.trinity.held import read_refs  # noqa: E402
 from orchestrator.trinity.operator import OrchestratorOperator  # noqa: E402
 from orchestrator.trinity.selector import OrchestratorTaskSelector  # noqa: E402
 
@@ -172,7 +173,8 @@ def test_operator_frees_the_payload_of_a_carried_group_dropped_as_stale(actor_na
     ray_local.get(ray_local.get_actor(actor_name, namespace="trinity-dso").set_model_version.remote(5))
     _, m2 = asyncio.run(op.process([texp(2, 1, 0, 1.0, index=1, version=5), texp(2, 1, 1, -1.0, index=1, version=5)]))
     assert m1["dso/groups_held"] == 1 and m2["dso/groups_held"] == 1  # the stale group's tensors are freed
-    assert [p.name for p in tmp_path.glob("*.bin")] == [f"{op.session}%3A2%2F1.bin"]
+    asyncio.run(op.close())  # the writes and deletions of the worker thread are done
+    assert [read_refs(p) for p in tmp_path.glob("*.held")] == [[f"{op.session}:2/1"]]
 
 
 def test_selector_signals_exhaustion_with_stop_iteration(actor_name, ray_local):
