@@ -21,6 +21,7 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import GroupTable
 from orchestrator.trinity.attach import (
     AttachConfig,
+    actor_calls,
     create_orchestrator,
     find_orchestrator_async,
     new_session,
@@ -132,6 +133,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.session = new_session()
         self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
+        self._calls = None  # the actor's calls, re-sent while it restarts (orchestrator.service.calls)
         self._payload: dict[str, list[TrinityExperience]] = {}  # group ref -> its experiences (by run, step)
         self._rounds_open = 0  # explore steps submitted since the last release
         self._swept_dir = False  # files of earlier processes not held any more: deleted once
@@ -145,11 +147,12 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 actor = create_orchestrator(cfg, cfg.num_tasks)
             else:
                 actor = await find_orchestrator_async(cfg.actor_name, cfg.namespace, timeout_s=cfg.lookup_timeout_s)
-            await actor.attach_run.remote(
-                cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
+            calls = actor_calls(cfg, actor)
+            await calls.acall(
+                "attach_run", cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
                 pinned=dict(cfg.pinned), pinned_by=cfg.pinned_by,
             )
-            self._actor = actor
+            self._actor, self._calls = actor, calls
         return self._actor
 
     # ------------------------------------------------------------- held experiences
@@ -306,16 +309,33 @@ class OrchestratorOperator(ExperienceOperatorV1):
         return f"{self.session}:{uuid.uuid4().hex}"
 
     async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
+        """One explore step (see the class docstring). Every call to the actor is re-sent, with
+        the same call id, while the actor restarts (``restart_deadline_s``). A failure is logged
+        with the explore step, reported to the actor (``dso_errors_total{kind="operator"}``, the
+        last error of ``GET /v1/stats``) when it answers, and raised (Trinity then stops its
+        explorer)."""
+        try:
+            return await self._process(exps)
+        except Exception as exc:
+            step = exps[0].eid.batch if exps else None
+            log.error("dso_orchestrator operator failed at explore step %s: %s: %s", step, type(exc).__name__, exc)
+            if self._actor is not None:  # best effort, not awaited: the actor may be the one that failed
+                self._actor.report_error.remote("operator", f"{type(exc).__name__}: {exc}", step)
+            raise
+
+    async def _process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         actor = await self.actor()
+        calls = self._calls
         # the live policy (a REST change of the cap or filter applies from this step on)
-        self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
+        self.policy = ResamplingPolicy.parse((await calls.acall("get_policy"))["policy"])
         table, payload, incomplete = self.to_table(exps)
         if table is not None:
             self._hold(payload)  # on disk before the actor holds the groups
             self._rounds_open += 1
         # one call: the groups in, every ready batch out (an empty submit only collects)
-        # a call id makes Ray's retry (the actor died during the call) return the same batches
-        labels, ready = await actor.submit_and_pop.remote(table if table is not None else [], on_invalid="drop", call_id=self._call_id())
+        # re-sent with the same call id while the actor restarts: a committed first attempt's batches come back
+        labels, ready = await calls.acall("submit_and_pop", table if table is not None else [], on_invalid="drop",
+                                          call_id=self._call_id())
         labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0
@@ -327,14 +347,14 @@ class OrchestratorOperator(ExperienceOperatorV1):
             self._rounds_open = 0
         cap = self.policy.max_replenish_rounds
         if not batches and cap > 0 and self._rounds_open > cap:
-            batch = await actor.close_batch.remote(call_id=self._call_id())
+            batch = await calls.acall("close_batch", call_id=self._call_id())
             released.extend(self.expand(batch))
             batches += 1
             padded += batch.num_padding
             self._rounds_open = 0
-        if not batches and await actor.exhausted.remote():
+        if not batches and await calls.acall("exhausted"):
             try:
-                batch = await actor.finish_batch.remote(call_id=self._call_id())
+                batch = await calls.acall("finish_batch", call_id=self._call_id())
             except DataExhaustedError:
                 batch = None
             if batch is not None:
