@@ -978,7 +978,7 @@ class Orchestrator(AnchorLifecycle):
         self.metrics.update(self.core.stats(), self.core.policy)
         if self.anchor is not None:  # Redis-bound: its own executor, a bounded wait (the gauge may lag)
             try:
-                await self._on_redis_pool("stats", self._anchor_refresh_metrics, wait_s=REDIS_WAIT_S / 4)
+                await self._on_redis_pool("stats", self._anchor_refresh_metrics, wait_s=REDIS_WAIT_S / 8)
             except (TimeoutError, RuntimeError):
                 pass
         return self.metrics.exposition()
