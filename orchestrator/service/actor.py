@@ -846,6 +846,7 @@ class Orchestrator(AnchorLifecycle):
                     "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
                     run, session, ids)
 
+    @ray.method(max_task_retries=RETRIES)
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
         that keeps the payloads (the Trinity operator frees the others)."""
