@@ -116,7 +116,7 @@ class ActorCalls:
             handle = self._resolve()
             try:
                 if handle is None:
-                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)")
+                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)", None)
                 return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=wait_s)
             except RETRIED as err:
                 time.sleep(self._failed(method, err, started, attempt, retry))
@@ -131,7 +131,7 @@ class ActorCalls:
             handle = self._resolve()
             try:
                 if handle is None:
-                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)")
+                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)", None)
                 ref = getattr(handle, method).remote(*args, **kwargs)
                 return await (asyncio.wait_for(ref, wait_s) if wait_s is not None else ref)
             except RETRIED as err:
