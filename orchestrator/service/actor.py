@@ -1013,8 +1013,9 @@ class Orchestrator(AnchorLifecycle):
         return asyncio.wait_for(asyncio.wrap_future(future), wait_s)
 
     def _anchor_in_background(self, fn: Any) -> None:
-        """``fn()`` on the Redis executor when the event loop runs (else here, e.g. in-process use;
-        the memory index answers at once); skipped while the last such job is still running."""
+        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use):
+        with Redis on the Redis executor, skipped while the last such job is still running (it
+        may outlive an ``asyncio.run`` of the call that started it)."""
         if self.anchor is None:
             return
         try:
@@ -1023,6 +1024,9 @@ class Orchestrator(AnchorLifecycle):
             fn()
             return
         self._loop = loop
+        if self._anchor_redis() is None:  # the memory index: no Redis to hang on
+            loop.run_in_executor(None, fn)
+            return
         try:
             job = self._on_redis_pool(getattr(fn, "__name__", "job"), fn)
         except RuntimeError:

@@ -38,10 +38,6 @@ STEPS = 16  # a kill costs about a step (the explorer rolls out the next step me
 DELAYS = [0.0, 0.6, 0.05, 1.0, 0.3]  # after a step's groups reached the actor: one kill each
 
 
-def getpid(_actor) -> int:
-    return os.getpid()
-
-
 def test_five_kills_of_the_orchestrator_during_a_trinity_run_lose_and_duplicate_no_batch(tmp_path, tiny_model, engine_model):
     from trinity.buffer.buffer import get_buffer_reader
     from trinity.cli.launcher import explore
@@ -67,7 +63,8 @@ def test_five_kills_of_the_orchestrator_during_a_trinity_run_lose_and_duplicate_
     t0 = time.monotonic()
     explorer.start()
     calls = ActorCalls(name=ACTOR)
-    kills: list[tuple[str, float, float]] = []  # (how, delay, seconds until it answered again)
+    kills: list[tuple[str, float, float]] = []  # (how, delay, seconds until a new process answered)
+    getpid = lambda _actor: os.getpid()  # noqa: E731 - pickled by value into the actor
 
     def submitted() -> int:
         if not explorer.is_alive():
