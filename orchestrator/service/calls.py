@@ -85,7 +85,7 @@ class ActorCalls:
     def _failed(self, method: str, err: Exception, started: float, attempt: int, retry: bool) -> float:
         """After a failed attempt: raise when no retry is allowed, else the seconds to wait."""
         left = started + self.deadline_s - time.monotonic()
-        if not retry or left <= 0:
+        if not retry or left <= 0 or self._gone(err):
             raise err
         if self.name:
             self._handle = None  # look it up again (a restart keeps the handle valid; a new actor does not)
@@ -93,6 +93,17 @@ class ActorCalls:
         log.warning("orchestrator %r unavailable (%s); %s re-sent in %.1f s (attempt %d, %.0f s left of %.0f s)",
                     self.name or "actor", type(err).__name__, method, wait, attempt + 1, left, self.deadline_s)
         return wait
+
+    def _gone(self, err: Exception) -> bool:
+        """The actor died for good: it died (not merely unavailable) and its name is free (a
+        restarting actor keeps its name). Unknown without a name: then retried to the deadline."""
+        if not self.name or isinstance(err, rex.ActorUnavailableError) or not isinstance(err, rex.ActorDiedError):
+            return False
+        try:
+            ray.get_actor(self.name, namespace=self.namespace)
+        except ValueError:
+            return True
+        return False
 
     def _resolve(self) -> Any | None:
         try:

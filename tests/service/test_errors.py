@@ -74,3 +74,15 @@ def test_a_call_that_hands_out_without_a_call_id_is_not_re_sent(ray_local, tmp_p
     with pytest.raises(ray.exceptions.RayActorError):
         calls.call("pop_batch", call_id="c1")  # re-sent until the deadline (the actor never comes back)
     assert time.monotonic() - t0 >= 3.0
+
+
+@pytest.mark.slow
+def test_a_call_to_an_actor_killed_for_good_fails_at_once(ray_local, tmp_path):
+    actor = get_or_create_orchestrator({"target_groups": 1, "group_size": 2}, ScriptedTasks(["t"]), name="dso-gone",
+                                       checkpoint_path=str(tmp_path / "s.db"))
+    ray.get(actor.ping.remote())
+    ray.kill(actor)  # no restart: the name is freed
+    t0 = time.monotonic()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ActorCalls(actor, name="dso-gone", deadline_s=60).call("pop_batch", call_id="c1")
+    assert time.monotonic() - t0 < 10.0
