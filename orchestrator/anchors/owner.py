@@ -39,6 +39,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex, serve_memory_index
 
 __all__ = [
+    "AnchorBatchLostError",
     "AnchorIndexConfig",
     "AnchorIndexNotConfiguredError",
     "AnchorLifecycle",
@@ -64,6 +65,11 @@ def make_anchor_index(redis_url: str | None = None, **kwargs: Any) -> AnchorInde
 
 class AnchorIndexNotConfiguredError(RuntimeError):
     """An ``anchor_*`` call on an orchestrator created without ``anchor_index``."""
+
+
+class AnchorBatchLostError(AnchorIndexError):
+    """A batch key registered before Redis lost its data: refused for good (never restarted from
+    a fraction of its runs)."""
 
 
 class AnchorIndexConfig(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,6 +120,13 @@ def status_table(stats: dict, url: str = ""):
         if key == "last_batch" and isinstance(stats.get(key), dict):
             for sub, sub_field in BatchStats.model_fields.items():
                 t.add_row(sub_field.title or sub, _fmt(stats[key].get(sub)))
+        elif key == "last_error" and isinstance(stats.get(key), dict):
+            e = stats[key]
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("time") or 0))
+            step = f", explore step {e['step']}" if e.get("step") is not None else ""
+            t.add_row(field.title or key, f"{e.get('kind')} at {when}{step}: {e.get('message')}")
+        elif key == "errors" and isinstance(stats.get(key), dict):
+            t.add_row(field.title or key, ", ".join(f"{k} {v}" for k, v in stats[key].items()) or "-")
         elif key in stats:
             t.add_row(field.title or key, _fmt(stats[key]))
     return t
@@ -178,6 +186,7 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
     import ray
     from ray import serve
 
+    from orchestrator.service.calls import ActorCalls
     from orchestrator.service.config import ensure_orchestrator
     from orchestrator.service.serve import build_app
 
@@ -221,12 +230,13 @@ def run_service(cfg, *, block: bool = True, on_ready=None) -> None:
         return
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)  # ray.init set its own
-    handle = ray.get_actor(s.actor_name, namespace=s.namespace) if cfg.driver.enabled else None
+    # the driver's calls are re-sent, with the same call id, while the actor restarts
+    calls = ActorCalls(name=s.actor_name, namespace=s.namespace) if cfg.driver.enabled else None
     emitted = 0
     while not stop["now"]:
-        if handle is not None and (cfg.driver.max_batches is None or emitted < cfg.driver.max_batches):
+        if calls is not None and (cfg.driver.max_batches is None or emitted < cfg.driver.max_batches):
             try:
-                batch = ray.get(handle.next_batch.remote(timeout_s=1.0))
+                batch = calls.call("next_batch", timeout_s=1.0, call_id=uuid.uuid4().hex)
             except Exception as exc:  # noqa: BLE001 - keep serving; show why the driver paused
                 typer.echo(f"driver: next_batch failed: {exc}", err=True)
                 time.sleep(2.0)

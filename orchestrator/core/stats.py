@@ -13,6 +13,8 @@ Accounting invariant (checked by the tests)::
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -137,6 +139,15 @@ class Stats(BaseModel):
         description="False during an outage of the Redis anchor index (the orchestrator's health check); null without one.",
     )
     anchor_index_outages: int = Field(0, title="anchor index outages", description="Outages of the Redis anchor index seen.")
+    errors: dict[str, int] = Field(
+        default_factory=dict, title="errors",
+        description="Failures by kind since the actor's process started (dso_errors_total): commit, anchor_index, "
+        "health_watch, operator, selector.",
+    )
+    last_error: dict[str, Any] | None = Field(
+        None, title="last error",
+        description="The last failure: time (Unix seconds), kind, message, step (the explore step, when known); null before any.",
+    )
     selection: str = Field(title="task selection", description="policy.selection (a name in the selection registry).")
     selection_metrics: dict[str, float] = Field(title="task selection state", description="epoch; epoch: passed_over; informative: picks, revisits; greso: p_easy, p_hard.")
     rounds_completed: int = Field(title="planned rounds completed", description="Planned rounds whose groups all came back.")

@@ -21,6 +21,7 @@ own Ray actor ``<name>-anchors``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import gc
 import logging
@@ -37,7 +38,7 @@ import ray
 
 from algos.dapo import GroupReason, InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
-from orchestrator.anchors.owner import AnchorIndexConfig, AnchorLifecycle
+from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.passrate import task_tags
@@ -50,7 +51,7 @@ from orchestrator.rollout.screening import screened_generate
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
-from orchestrator.service.metrics import DSOMetrics
+from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
 from orchestrator.service.sink import BatchSink, SQLiteSink
 from orchestrator.service.store import Change, Saved, StateStore
 
@@ -60,8 +61,25 @@ DEFAULT_NAMESPACE = "trinity-dso"
 log = logging.getLogger("trinity_dso.actor")
 
 RETRIES = 3
-"""Retries of an idempotent method (answered again, or recognised as a retry) when the actor died
-under it (``max_task_retries``); other methods fail with ``RayActorError`` for the caller to decide."""
+"""Ray's retries (``max_task_retries``) of a read when the actor died under it. Calls that change
+state are never retried by Ray (a refusal while the actor restarts spends a retry, and Ray would
+re-send a call without its caller knowing): callers re-send them with the same ``call_id``
+through :class:`orchestrator.service.calls.ActorCalls` (see docs/durability-faults.md)."""
+
+REDIS_TIMEOUT_S = 0.5
+"""Socket timeout of the actor's own Redis client, in seconds (one attempt; reads are tried twice):
+a hung Redis is seen as down within about a second, never ties up a thread for long."""
+
+REDIS_THREADS = 2
+"""Threads of the actor's Redis executor (health check, stats, expiry): Redis-bound work never
+waits in, or fills, the pool that writes commits."""
+
+REDIS_WAIT_S = 2.0
+"""How long the health check and ``metrics_text`` wait for a Redis answer before reporting the
+index down (the health check) or leaving the index's gauges as they were (``metrics_text``)."""
+
+LOST_KEYS = 100_000
+"""Anchor batch keys remembered as lost with Redis's data (refused by ``anchor_register``)."""
 _KEY, _REASON, _SIZE = operator.attrgetter("key"), operator.attrgetter("reason"), operator.attrgetter("size")
 
 ANCHOR_GROUP = "anchor_index"
@@ -200,8 +218,17 @@ class Orchestrator(AnchorLifecycle):
         self._anchor_up: bool | None = None
         self._anchor_outages = 0
         self._anchor_guard: str | None = None
+        self._anchor_lost: dict[str, None] = {}  # batch keys lost with Redis's data (oldest first)
+        self._redis_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._redis_busy: set[str] = set()  # background Redis jobs queued or running, by name
+        self.errors: Counter[str] = Counter({k: 0 for k in ERROR_KINDS})
+        self.last_error: dict | None = None
+        if metrics is not None and hasattr(metrics, "registry"):
+            metrics.registry  # noqa: B018 - built now, once (never lazily from several threads)
         super().__init__(anchor_index, version=lambda: self.core.model_version, metrics=metrics,
                          on_change=self._anchor_changed)
+        if (index := self._anchor_redis()) is not None:  # the actor's own client: fast timeouts
+            index.socket_timeout, index.read_retries = REDIS_TIMEOUT_S, 1
         self.store: StateStore | None = None
         if isinstance(sink, SQLiteSink):
             self.store = StateStore(sink.path, sink=sink, keep_keys=retry_window)
@@ -222,6 +249,7 @@ class Orchestrator(AnchorLifecycle):
             self.core.load_state_dict(saved.state, saved.groups)
         self._anchor_load_state_dict(saved.state)
         self._anchor_guard = saved.state.get("anchor_guard")
+        self._anchor_lost = dict.fromkeys(saved.state.get("anchor_lost") or ())
         self.attachment = dict(saved.state.get("attachment") or {})
         self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
         self._seen_order = deque(self._seen)  # oldest first (the file's commit order); trimmed by the next submit
@@ -274,6 +302,8 @@ class Orchestrator(AnchorLifecycle):
             state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
         if self._anchor_guard is not None:
             state["anchor_guard"] = self._anchor_guard
+        if self._anchor_lost:
+            state["anchor_lost"] = list(self._anchor_lost)
         small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
         stored = self._stored
         new = [rows.take(~np.fromiter(map(stored.__contains__, rows.keys), bool, len(rows))) for rows in (carry, candidates)]
@@ -299,6 +329,7 @@ class Orchestrator(AnchorLifecycle):
         """After a failed commit: back to the last commit written."""
         if self.store is not None:
             log.exception("commit to %s failed: back to the last commit", self.store.path)
+            self._record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
             self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
                                          task_tags=self.core.passrate.task_tags())
             self.ready = []
@@ -325,12 +356,16 @@ class Orchestrator(AnchorLifecycle):
         return batch
 
     # ------------------------------------------------------------- batches
-    async def next_batch(self, timeout_s: float | None = None) -> Batch | None:
+    async def next_batch(self, timeout_s: float | None = None, call_id: str | None = None) -> Batch | None:
         """Fill and return the next batch, running rounds through the rollout source.
 
         Returns None when ``timeout_s`` passes while replenishment is paused. At the end of
         data (``max_epochs`` / ``max_rollouts``) the kept groups come out as a last batch per
         ``on_cap``; the call after that raises :class:`DataExhaustedError`.
+
+        ``call_id``: as for :meth:`pop_batch`, a re-sent call whose first attempt handed out a
+        batch gets that batch again. Without an id (at most once), a batch handed out by a call
+        whose reply is lost stays handed out (it is in the sink).
         Raises:
             ReplenishCapError: cap hit under ``on_cap='raise'`` (the open batch is kept).
             DataExhaustedError: no task left and no batch to release.
@@ -341,6 +376,8 @@ class Orchestrator(AnchorLifecycle):
         while True:
             out = None
             async with self._lock:
+                if again := self._answered(call_id):  # a re-sent call whose first attempt was committed
+                    return again[0]
                 if not self.ready and (batch := self.core.try_emit()) is not None:
                     self._finish(batch)
                 if self.ready:
@@ -359,6 +396,8 @@ class Orchestrator(AnchorLifecycle):
                     plan = self.core.plan_round()
                     version = self.core.model_version
                     screen = self.core.screen_mask(plan.task_ids)
+                if out is not None:
+                    self._remember(call_id, [out])
                 mine = self.commits.pending
             if out is not None:
                 await self.commits.durable(mine)
@@ -394,8 +433,9 @@ class Orchestrator(AnchorLifecycle):
                                 std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
         return res.groups, res
 
-    @ray.method(max_task_retries=RETRIES)
-    async def submit_groups(self, groups: list[Group] | GroupTable, on_invalid: str = "raise") -> list[str] | np.ndarray:
+    async def submit_groups(
+        self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None
+    ) -> list[str] | np.ndarray:
         """Submit groups rolled out elsewhere; returns each group's filter label.
 
         ``groups`` is a list of :class:`Group` (labels returned as a list) or one
@@ -404,6 +444,9 @@ class Orchestrator(AnchorLifecycle):
 
         Idempotent per group: a group already accepted (same task, round tag and runs, see
         :func:`~orchestrator.core.types.group_key`) is not counted again; its label is returned.
+        A group without a round tag has no identity of its own: with ``call_id`` it gets
+        ``anon:<call_id>:<position>`` (a re-sent call is recognised); without, it is new at every
+        call (Ray never re-sends this method; a caller's re-send counts it twice).
         Large submits are processed in slices of about :data:`SLICE_ROLLOUTS` rollouts, so the
         actor keeps answering meanwhile, and committed every :data:`COMMIT_ROLLOUTS` rollouts.
         Full batches become available through :meth:`pop_batch`.
@@ -417,9 +460,8 @@ class Orchestrator(AnchorLifecycle):
             InvalidGroupError, UnknownTaskError: under ``"raise"``, nothing is accepted (see
                 ``OrchestratorCore.submit``).
         """
-        return (await self._submit_call(groups, on_invalid, pop=False))[0]
+        return (await self._submit_call(groups, on_invalid, pop=False, call_id=call_id))[0]
 
-    @ray.method(max_task_retries=RETRIES)
     async def submit_and_pop(
         self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None,
         held: bool = False,
@@ -430,12 +472,14 @@ class Orchestrator(AnchorLifecycle):
         Returns ``(labels, batches)``: the labels as :meth:`submit_groups` returns them, and the
         ready batches, oldest first (the batches emitted before this call included).
 
-        ``call_id`` makes a retry safe: Ray retries the call when the actor dies during it, and
-        if the first attempt was committed (its groups accepted, its batches handed out), the
-        retry is answered with the same labels and the same batches (plus any released since).
-        Only the last call with an id that handed out batches is remembered (one caller per
-        orchestrator, the operator). Without an id, a call whose answer is lost after its
-        commit has handed its batches out (they are in a :class:`SQLiteSink`).
+        ``call_id`` makes a re-send safe (:class:`~orchestrator.service.calls.ActorCalls` re-sends
+        the call while the actor restarts): if the first attempt was committed (its groups
+        accepted, its batches handed out), the re-sent call is answered with the same labels and
+        the same batches (plus any released since); untagged groups are identified by it (see
+        :meth:`submit_groups`). Only the last call with an id that handed out batches is
+        remembered (one handing-out caller per orchestrator, the operator). Without an id (the
+        at-most-once exception), a call whose answer is lost after its commit has handed its
+        batches out (they are in a :class:`SQLiteSink`), and Ray does not re-send it.
 
         ``held=True`` (the Trinity operator's): the reply is ``(labels, batches, refs)``, ``refs``
         as :meth:`held_refs` after this call, so the caller knows which of its groups to keep
@@ -455,9 +499,9 @@ class Orchestrator(AnchorLifecycle):
         self._start_watch()
         async with self._lock:
             if isinstance(groups, GroupTable):
-                labels = await self._submit_table(groups, on_invalid)
+                labels = await self._submit_table(groups, on_invalid, call_id=call_id)
             else:
-                labels = await self._submit(groups, on_invalid)
+                labels = await self._submit(groups, on_invalid, call_id=call_id)
             batches = self._answered(call_id) or []  # a retry of a committed call: its batches again
             fresh = []
             while pop and (batch := self._hand_out()) is not None:
@@ -482,7 +526,8 @@ class Orchestrator(AnchorLifecycle):
             size += rollouts(item)
         return out if out[0] else []
 
-    async def _submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True) -> list[str]:
+    async def _submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True,
+                      call_id: str | None = None) -> list[str]:
         """Validate, deduplicate and submit ``groups`` in slices, committing as it goes.
 
         ``emit``: release every full batch into the ready queue (``submit_groups``, whose
@@ -507,7 +552,7 @@ class Orchestrator(AnchorLifecycle):
                 keys.append(group_key(g))
             except Exception:  # an invalid group (dropped below under on_invalid="drop") has no identity
                 keys.append(None)
-        keys = self._call_keys(keys)
+        keys = _anonymous_keys(self._call_keys(keys), call_id)
         fresh = []
         for g, k, values in zip(groups, keys, checked):
             if k is not None and k in self._seen:
@@ -527,7 +572,8 @@ class Orchestrator(AnchorLifecycle):
         await self._submit_parts(len(parts), submit, emit)
         return [g.reason for g in groups]
 
-    async def _submit_table(self, table: GroupTable, on_invalid: str, *, emit: bool = True) -> np.ndarray:
+    async def _submit_table(self, table: GroupTable, on_invalid: str, *, emit: bool = True,
+                            call_id: str | None = None) -> np.ndarray:
         """:meth:`_submit` of a table: the same identities (:meth:`GroupTable.keys`), with the rows
         checked and accepted in one vectorised pass (no per-rollout objects, no slices).
 
@@ -541,7 +587,7 @@ class Orchestrator(AnchorLifecycle):
             raise InvalidGroupError(f"groups: expected a GroupTable, got {type(table).__name__}")
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
-        keys = self._call_keys(table.keys())
+        keys = _anonymous_keys(self._call_keys(table.keys()), call_id)
         labels = list(map(self._seen.get, keys))  # None for a new key (and for None: no key is None)
         fresh = [i for i, label in enumerate(labels) if label is None]
         todo = table.take(fresh) if len(fresh) < len(table) else table
@@ -609,7 +655,6 @@ class Orchestrator(AnchorLifecycle):
                 uncommitted = 0
             await asyncio.sleep(0)
 
-    @ray.method(max_task_retries=RETRIES)
     async def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
         """Group experiences by ``(eid.task, eid.round_tag)`` (one group per task and round, in run
         order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group).
@@ -631,7 +676,6 @@ class Orchestrator(AnchorLifecycle):
         ]
         return await self.submit_groups(groups)
 
-    @ray.method(max_task_retries=RETRIES)
     async def pop_batch(self, call_id: str | None = None) -> Batch | None:
         """The oldest emitted batch not yet handed out, if any (never blocks, never rolls out).
 
@@ -679,7 +723,6 @@ class Orchestrator(AnchorLifecycle):
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
         return self.core.exhausted()
 
-    @ray.method(max_task_retries=RETRIES)
     async def finish_batch(self, call_id: str | None = None) -> Batch:
         """At the end of data, release the kept groups as the last batch (per ``on_cap``).
 
@@ -704,7 +747,6 @@ class Orchestrator(AnchorLifecycle):
             )
         self._finish(batch)
 
-    @ray.method(max_task_retries=RETRIES)
     async def close_batch(self, call_id: str | None = None) -> Batch | None:
         """Close the open batch now as the cap would (pad / partial / raise), for external drivers.
 
@@ -728,7 +770,6 @@ class Orchestrator(AnchorLifecycle):
         """``count`` tasks in the epoch's order (``OrchestratorCore.select_tasks``); returns once committed."""
         return await self._committed(lambda: self.core.select_tasks(count))
 
-    @ray.method(max_task_retries=RETRIES)
     async def next_tasks(self, count: int, call_id: str | None = None) -> list[str]:
         """``count`` tasks for one explore step of an attached explorer (``OrchestratorCore.next_tasks``;
         fewer, or none, at the end of data).
@@ -830,6 +871,7 @@ class Orchestrator(AnchorLifecycle):
                     "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
                     run, session, ids)
 
+    @ray.method(max_task_retries=RETRIES)
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
         that keeps the payloads (the Trinity operator frees the others)."""
@@ -921,9 +963,25 @@ class Orchestrator(AnchorLifecycle):
     def get_stats(self) -> Stats:
         self._start_watch()
         stats = self.core.stats()
+        update: dict[str, Any] = {"errors": dict(self.errors), "last_error": self.last_error}
         if self._anchor_redis() is not None:
-            stats = stats.model_copy(update={"anchor_index_up": self._anchor_up, "anchor_index_outages": self._anchor_outages})
-        return stats
+            update.update(anchor_index_up=self._anchor_up, anchor_index_outages=self._anchor_outages)
+        return stats.model_copy(update=update)
+
+    def report_error(self, kind: str, message: str, step: Any = None) -> None:
+        """A failure seen by a client of the actor (the Trinity operator or task selector):
+        counted in ``dso_errors_total{kind}`` and kept as the last error (``GET /v1/stats``,
+        ``trinity-dso status``). ``kind``: one of :data:`ERROR_KINDS` (else ``operator``);
+        ``step``: the explore step, when known."""
+        self._record_error(kind if kind in ERROR_KINDS else "operator", str(message)[:2000], step)
+
+    def _record_error(self, kind: str, message: str, step: Any = None) -> None:
+        self.errors[kind] += 1
+        self.last_error = {"time": time.time(), "kind": kind, "message": message,
+                           "step": None if step is None else str(step)}
+        count = getattr(self.metrics, "count_error", None)
+        if count is not None:
+            count(kind)
 
     def report_training(self, step: int, metrics: dict) -> None:
         """A trainer's step metrics (entropy, clip fractions, KL, rewards, held-out accuracy,
@@ -960,7 +1018,11 @@ class Orchestrator(AnchorLifecycle):
         if self.metrics is None:
             return ""
         self.metrics.update(self.core.stats(), self.core.policy)
-        await asyncio.to_thread(self._anchor_refresh_metrics)
+        if self.anchor is not None:  # Redis-bound: its own executor, a bounded wait (the gauge may lag)
+            try:
+                await self._on_redis_pool("stats", self._anchor_refresh_metrics, wait_s=REDIS_WAIT_S / 8)
+            except (TimeoutError, RuntimeError):
+                pass
         return self.metrics.exposition()
 
     # ------------------------------------------------------------- anchor index: never on the event loop
@@ -977,8 +1039,24 @@ class Orchestrator(AnchorLifecycle):
         else:
             self.commits.commit()
 
+    def _on_redis_pool(self, name: str, fn: Any, *args: Any, wait_s: float | None = None) -> Any:
+        """``fn(*args)`` on the actor's Redis executor (:data:`REDIS_THREADS` threads of its own):
+        awaitable, waiting at most ``wait_s`` (``asyncio.TimeoutError`` then; the job runs on).
+        One job per ``name`` at a time: while one is queued or running, ``RuntimeError`` (a hung
+        Redis never piles jobs up)."""
+        if name in self._redis_busy:
+            raise RuntimeError(f"anchor index: a {name} job is still queued or running")
+        if self._redis_pool is None:
+            self._redis_pool = concurrent.futures.ThreadPoolExecutor(REDIS_THREADS, thread_name_prefix="dso-redis")
+        self._redis_busy.add(name)
+        future = self._redis_pool.submit(fn, *args)
+        future.add_done_callback(lambda _: self._redis_busy.discard(name))
+        return asyncio.wait_for(asyncio.wrap_future(future), wait_s)
+
     def _anchor_in_background(self, fn: Any) -> None:
-        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use)."""
+        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use):
+        with Redis on the Redis executor, skipped while the last such job is still running (it
+        may outlive an ``asyncio.run`` of the call that started it)."""
         if self.anchor is None:
             return
         try:
@@ -987,7 +1065,21 @@ class Orchestrator(AnchorLifecycle):
             fn()
             return
         self._loop = loop
-        loop.run_in_executor(None, fn)
+        if self._anchor_redis() is None:  # the memory index: no Redis to hang on
+            loop.run_in_executor(None, fn)
+            return
+        try:
+            job = self._on_redis_pool(getattr(fn, "__name__", "job"), fn)
+        except RuntimeError:
+            return
+        loop.create_task(self._quietly(job))
+
+    async def _quietly(self, job: Any) -> None:
+        try:
+            await job
+        except Exception as exc:  # noqa: BLE001 - a background job's failure is logged and counted
+            log.warning("anchor index background job failed: %s", exc)
+            self._record_error("anchor_index", str(exc))
 
     def _start_watch(self) -> None:
         """Start the Redis health check once an event loop runs (idempotent)."""
@@ -1000,35 +1092,55 @@ class Orchestrator(AnchorLifecycle):
         self._watch = self._loop.create_task(self._watch_anchor_index())
 
     async def _watch_anchor_index(self, up_every_s: float = 5.0, down_every_s: float = 1.0) -> None:
-        """Ping Redis (in a thread) every few seconds: report outages, and on recovery check the
-        run's guard key, so batches lost with Redis's data are forgotten, never served."""
+        """Ping Redis (on the Redis executor) every few seconds: report outages, and on recovery
+        check the run's guard key, so batches lost with Redis's data are forgotten, never served.
+
+        A check not answered within :data:`REDIS_WAIT_S` reports the index down (a hung Redis is
+        down within a few seconds). Any other failure is logged and counted
+        (``dso_errors_total{kind="health_watch"}``), and the watch goes on."""
         index = self._anchor_redis()
         assert index is not None
         while True:
+            up = None
             try:
-                await asyncio.to_thread(index.ping)
-                guard, lost = await asyncio.to_thread(index.ensure_guard, self._anchor_guard)
-                up = True
-            except AnchorIndexError as exc:
-                if self._anchor_up is not False:
-                    log.warning("anchor index (Redis) is down: %s", exc)
-                up = False
-            if up:
-                if lost:
-                    log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s",
-                                self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
-                    self._anchor_batches.clear()
-                if self._anchor_up is False:
-                    log.warning("anchor index (Redis) is back")
-                if guard != self._anchor_guard or lost:
-                    self._anchor_guard = guard
-                    await self.commits.durable(self.commits.changed())
-            if self._anchor_up is True and not up:
-                self._anchor_outages += 1
-            self._anchor_up = up
-            if self.metrics is not None:
-                self.metrics.set_anchor_index_up(up)
+                up = await self._check_anchor_index(index)
+            except Exception as exc:  # noqa: BLE001 - the watch never dies
+                log.exception("anchor index health check failed unexpectedly (the check goes on)")
+                self._record_error("health_watch", f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(up_every_s if up else down_every_s)
+
+    async def _check_anchor_index(self, index: RedisAnchorIndex) -> bool:
+        """One health check (see :meth:`_watch_anchor_index`); returns whether Redis is up."""
+        def check() -> tuple[str, bool]:
+            index.ping()
+            return index.ensure_guard(self._anchor_guard)
+
+        try:
+            guard, lost = await self._on_redis_pool("health", check, wait_s=REDIS_WAIT_S)
+            up = True
+        except (AnchorIndexError, TimeoutError, RuntimeError) as exc:  # refused, timed out, or the last check still hangs
+            if self._anchor_up is not False:
+                log.warning("anchor index (Redis) is down: %s", exc or type(exc).__name__)
+            up = False
+        if up:
+            if lost:
+                log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s "
+                            "(refused from now on)", self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
+                self._anchor_lost.update(dict.fromkeys(self._anchor_batches))
+                while len(self._anchor_lost) > LOST_KEYS:
+                    del self._anchor_lost[next(iter(self._anchor_lost))]
+                self._anchor_batches.clear()
+            if self._anchor_up is False:
+                log.warning("anchor index (Redis) is back")
+            if guard != self._anchor_guard or lost:
+                self._anchor_guard = guard
+                await self.commits.durable(self.commits.changed())
+        if self._anchor_up is True and not up:
+            self._anchor_outages += 1
+        self._anchor_up = up
+        if self.metrics is not None:
+            self.metrics.set_anchor_index_up(up)
+        return up
 
     # The lifecycle calls that reach the index run in their own concurrency group (a thread of
     # their own in the Ray actor), not on the event loop.
@@ -1049,8 +1161,20 @@ class Orchestrator(AnchorLifecycle):
         return AnchorLifecycle.anchor_expire(self, max_age_versions)
 
     def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
-        """:meth:`AnchorLifecycle.anchor_register`; starts the Redis health check."""
+        """:meth:`AnchorLifecycle.anchor_register`; starts the Redis health check.
+
+        Raises:
+            AnchorBatchLostError: ``batch_key`` was registered before Redis lost its data (the
+                run's guard changed since): it can never be restarted, from any of its runs;
+                its groups need a new batch key.
+        """
         self._start_watch()
+        if batch_key in self._anchor_lost:
+            raise AnchorBatchLostError(
+                f"anchor_register: batch {batch_key!r} was lost with the anchor index's data (Redis restarted empty "
+                "or was flushed after it was registered); it is refused for good, so that no worker restarts it from "
+                "a fraction of its runs: write its groups under a new batch key"
+            )
         return AnchorLifecycle.anchor_register(self, batch_key, model_version)
 
     @ray.method(concurrency_group=ANCHOR_GROUP)
@@ -1072,6 +1196,14 @@ class Orchestrator(AnchorLifecycle):
 
 def _nothing() -> None:
     pass
+
+
+def _anonymous_keys(keys: list[str | None], call_id: str | None) -> list[str | None]:
+    """Keys for the groups without one (no round tag): ``anon:<call_id>:<position>`` with a call id,
+    so a re-sent call is recognised; None (a fresh ``anon:<uuid>`` at each call) without."""
+    if call_id is None or None not in keys:
+        return keys
+    return [k if k is not None else f"anon:{call_id}:{i}" for i, k in enumerate(keys)]
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -73,6 +73,8 @@ dso_anchor_index_entries                 gauge      anchor states held by the an
 dso_anchor_group_size                    histogram  size of each anchor-state group formed
 dso_redis_op_duration_seconds{op}        histogram  Redis operation latency
 dso_redis_op_errors_total{op}            counter    failed Redis operations
+dso_errors_total{kind}                   counter    failures: commit, anchor_index, health_watch (the
+                                                    actor's), operator, selector (reported by Trinity's)
 dso_train_steps_total                    counter    train batches (rollout steps) reported by a trainer
 dso_train_entropy_nats                   gauge*     policy entropy, token mean over the last batch
 dso_train_pg_clipfrac{bound}             gauge*     share of response tokens clipped, bound = upper |
@@ -139,6 +141,10 @@ KEEP_KINDS: tuple[str, ...] = ("predicted", "realised")
 REWARD_GROUPS: tuple[str, ...] = ("all", "kept", "trained")
 REDIS_OPS: tuple[str, ...] = ("insert", "query", "complete", "stats", "delete", "ping", "other")
 """Label values of ``op`` on the Redis metrics; any other name is recorded as ``other``."""
+ERROR_KINDS: tuple[str, ...] = ("commit", "anchor_index", "health_watch", "operator", "selector")
+"""Label values of ``kind`` on ``dso_errors_total``: a failed state commit, a failed anchor-index
+operation of the actor, an unexpected error of the Redis health check, and failures reported by
+the Trinity operator and task selector (``Orchestrator.report_error``)."""
 
 ROUNDS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 FILL_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -291,6 +297,7 @@ class DSOMetrics:
         self._make_current = make_current
         self._m: dict[str, Any] | None = None
         self._last: dict[str, float] = {}
+        self._lock = threading.Lock()  # built once: the actor's loop, its commit and Redis threads may come first
 
     # -------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
@@ -300,6 +307,7 @@ class DSOMetrics:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -------------------------------------------------------------- creation
     @property
@@ -311,6 +319,12 @@ class DSOMetrics:
     def _ensure(self) -> dict[str, Any]:
         if self._m is not None:
             return self._m
+        with self._lock:  # once, whichever thread comes first (two builds would register every name twice)
+            if self._m is None:
+                self._build()
+        return self._m
+
+    def _build(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
         if self._registry is None:
@@ -361,7 +375,10 @@ class DSOMetrics:
             "redis_seconds": Histogram(f"{p}_redis_op_duration_seconds", "Latency of Redis operations of the anchor index, in seconds.", ["op"], buckets=REDIS_SECONDS_BUCKETS, registry=r),
             "redis_errors": Counter(f"{p}_redis_op_errors", "Failed Redis operations of the anchor index.", ["op"], registry=r),
             "anchor_outages": Counter(f"{p}_anchor_index_outages", "Outages of the Redis anchor index seen by the orchestrator's health check (up -> down).", registry=r),
+            "errors": Counter(f"{p}_errors", "Failures seen by the orchestrator or reported to it, by kind (commit, anchor_index, health_watch, operator, selector).", ["kind"], registry=r),
         }
+        for v in ERROR_KINDS:
+            m["errors"].labels(kind=v)
         for v in OUTCOMES:
             m["groups_classified"].labels(outcome=v)
         for v in DROP_REASONS:
@@ -378,7 +395,6 @@ class DSOMetrics:
         self._m = m
         if self._make_current:
             set_current(self)
-        return m
 
     # -------------------------------------------------------------- actor hooks
     def _advance(self, counter: Any, key: str, value: float) -> None:
@@ -477,15 +493,20 @@ class DSOMetrics:
         ``dso_anchor_index_up`` exists from the first health check on (absent without a Redis index).
         """
         m = self._ensure()
-        if "anchor_up" not in m:
-            from prometheus_client import Gauge
+        with self._lock:
+            if "anchor_up" not in m:
+                from prometheus_client import Gauge
 
-            m["anchor_up"] = Gauge(f"{PREFIX}_anchor_index_up", "1 while the Redis anchor index answers the "
-                                   "orchestrator's health check, 0 during an outage.", registry=self.registry)
+                m["anchor_up"] = Gauge(f"{PREFIX}_anchor_index_up", "1 while the Redis anchor index answers the "
+                                       "orchestrator's health check, 0 during an outage.", registry=self._registry)
         if not up and self._last.get("anchor_up") == 1.0:
             m["anchor_outages"].inc()
         m["anchor_up"].set(1.0 if up else 0.0)
         self._last["anchor_up"] = 1.0 if up else 0.0
+
+    def count_error(self, kind: str) -> None:
+        """One failure of ``kind`` (one of :data:`ERROR_KINDS`; anything else counts as ``operator``)."""
+        self._ensure()["errors"].labels(kind=kind if kind in ERROR_KINDS else "operator").inc()
 
     def set_anchor_entries(self, entries: int) -> None:
         """Anchor states currently held by the index."""

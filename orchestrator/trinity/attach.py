@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, get_or_create_orchestrator
+from orchestrator.service.calls import DEADLINE_S, ActorCalls
 from orchestrator.tasks.taskset import IndexTaskSet
 from orchestrator.trinity.registry import SELECTOR_NAME
 
@@ -72,6 +73,11 @@ class AttachConfig(BaseModel):
     pinned_by: str = Field("", description="Why they are pinned (named in REST 409 errors).")
     lookup_timeout_s: float = Field(60.0, ge=0, description="How long the operator waits for the actor, in seconds.")
     actor_timeout_s: float = Field(60.0, gt=0, description="Timeout of one call to the actor, in seconds.")
+    restart_deadline_s: float = Field(
+        DEADLINE_S, gt=0, allow_inf_nan=False,
+        description="How long the operator and selector keep re-sending a call (same call id) while the actor "
+        "is dead or restarting, in seconds; then the call fails and the explorer stops (docs/durability-faults.md).",
+    )
 
     @classmethod
     def parse(cls, data: dict | None, where: str) -> AttachConfig:
@@ -101,6 +107,11 @@ def create_orchestrator(cfg: AttachConfig, num_tasks: int) -> Any:
         checkpoint_path=cfg.checkpoint_path, metrics=DSOMetrics() if cfg.metrics else None,
         anchor_index=cfg.anchor_index, retry_window=cfg.retry_window,
     )
+
+
+def actor_calls(cfg: AttachConfig, handle: Any) -> ActorCalls:
+    """The run's calls to its actor, re-sent while it restarts (up to ``restart_deadline_s``)."""
+    return ActorCalls(handle, name=cfg.actor_name, namespace=cfg.namespace, deadline_s=cfg.restart_deadline_s)
 
 
 def new_session() -> str:

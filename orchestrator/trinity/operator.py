@@ -20,6 +20,7 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import GroupTable
 from orchestrator.trinity.attach import (
     AttachConfig,
+    actor_calls,
     create_orchestrator,
     find_orchestrator_async,
     new_session,
@@ -137,6 +138,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         self.session = new_session()
         self.held_dir = Path(self.settings.held_dir) if self.settings.held_dir else None
         self._actor = None
+        self._calls = None  # the actor's calls, re-sent while it restarts (orchestrator.service.calls)
         self.held = HeldPayloads(self.held_dir, self.session)  # group ref -> its experiences (by run, step)
         self._rounds_open = 0  # explore steps submitted since the last release
         self.auxiliary_models = {}
@@ -149,25 +151,26 @@ class OrchestratorOperator(ExperienceOperatorV1):
                 actor = create_orchestrator(cfg, cfg.num_tasks)
             else:
                 actor = await find_orchestrator_async(cfg.actor_name, cfg.namespace, timeout_s=cfg.lookup_timeout_s)
-            await actor.attach_run.remote(
-                cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
+            calls = actor_calls(cfg, actor)
+            await calls.acall(
+                "attach_run", cfg.run or "trinity-run", session=self.session, role="operator", num_tasks=cfg.num_tasks,
                 pinned=dict(cfg.pinned), pinned_by=cfg.pinned_by,
             )
-            await self._recover(actor)
-            self._actor = actor
+            await self._recover(calls)
+            self._actor, self._calls = actor, calls
         return self._actor
 
     # ------------------------------------------------------------- held experiences
-    async def _recover(self, actor: Any) -> None:
+    async def _recover(self, calls: Any) -> None:
         """At attach, before this process submits: index ``held_dir`` by the groups the actor
         holds, delete the files of groups it no longer holds, and have it drop, as ``lost``, the
         held groups whose payload is nowhere (an explorer killed between the actor's commit of a
         step and the write of that step's held groups: see ``docs/held-payloads.md``)."""
-        lost = self.held.recover(await actor.held_refs.remote())
+        lost = self.held.recover(await calls.acall("held_refs"))
         if lost:
             log.warning("held_dir %s: no payload for %d held groups (the previous explorer died before writing "
                         "them); the orchestrator drops them as lost: %s", self.held_dir, len(lost), lost[:8])
-            await actor.drop_held.remote(lost)
+            await calls.acall("drop_held", lost)  # idempotent: re-sent while the actor restarts
 
     def _hold(self, payload: dict[str, list[TrinityExperience]]) -> None:
         self.held.stage(payload)
@@ -327,7 +330,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         groups the close dropped are freed at the next step)."""
         if refresh:
             try:
-                held = await actor.held_refs.remote()
+                held = await self._calls.acall("held_refs")
             except (TimeoutError, ray.exceptions.RayError) as err:
                 log.warning("held_refs after a close failed (%s): the unused candidates are freed at the next step", err)
         self.held.settle(held)
@@ -336,18 +339,34 @@ class OrchestratorOperator(ExperienceOperatorV1):
         return f"{self.session}:{uuid.uuid4().hex}"
 
     async def process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
+        """One explore step (see the class docstring). Every call to the actor is re-sent, with
+        the same call id, while the actor restarts (``restart_deadline_s``). A failure is logged
+        with the explore step, reported to the actor (``dso_errors_total{kind="operator"}``, the
+        last error of ``GET /v1/stats``) when it answers, and raised (Trinity then stops its
+        explorer)."""
+        try:
+            return await self._process(exps)
+        except Exception as exc:
+            step = exps[0].eid.batch if exps else None
+            log.error("dso_orchestrator operator failed at explore step %s: %s: %s", step, type(exc).__name__, exc)
+            if self._actor is not None:  # best effort, not awaited: the actor may be the one that failed
+                self._actor.report_error.remote("operator", f"{type(exc).__name__}: {exc}", step)
+            raise
+
+    async def _process(self, exps: list[TrinityExperience]) -> tuple[list[TrinityExperience], dict]:
         actor = await self.actor()
+        calls = self._calls
         # the live policy (a REST change of the cap or filter applies from this step on)
-        self.policy = ResamplingPolicy.parse((await actor.get_policy.remote())["policy"])
+        self.policy = ResamplingPolicy.parse((await calls.acall("get_policy"))["policy"])
         table, payload, incomplete = self.to_table(exps)
         if table is not None:
             self._hold(payload)  # in memory; those the actor holds are written once it replied (_sweep)
             self._rounds_open += 1
         # one call: the groups in, every ready batch out (an empty submit only collects)
-        # a call id makes Ray's retry (the actor died during the call) return the same batches
+        # re-sent with the same call id while the actor restarts: a committed first attempt's batches come back;
         # held=True: the reply also names every group the actor holds now (no second call after a release)
-        labels, ready, held = await actor.submit_and_pop.remote(
-            table if table is not None else [], on_invalid="drop", call_id=self._call_id(), held=True)
+        labels, ready, held = await calls.acall("submit_and_pop", table if table is not None else [], on_invalid="drop",
+                                                call_id=self._call_id(), held=True)
         labels = np.asarray(labels, dtype=str)
         released: list[TrinityExperience] = []
         batches = 0
@@ -359,14 +378,14 @@ class OrchestratorOperator(ExperienceOperatorV1):
             self._rounds_open = 0
         cap = self.policy.max_replenish_rounds
         if not batches and cap > 0 and self._rounds_open > cap:
-            batch = await actor.close_batch.remote(call_id=self._call_id())
+            batch = await calls.acall("close_batch", call_id=self._call_id())
             released.extend(self.expand(batch))
             batches += 1
             padded += batch.num_padding
             self._rounds_open = 0
-        if not batches and await actor.exhausted.remote():
+        if not batches and await calls.acall("exhausted"):
             try:
-                batch = await actor.finish_batch.remote(call_id=self._call_id())
+                batch = await calls.acall("finish_batch", call_id=self._call_id())
             except DataExhaustedError:
                 batch = None
             if batch is not None:

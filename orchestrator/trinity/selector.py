@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from orchestrator.trinity.attach import AttachConfig, attach_args, create_orchestrator, new_session
+from orchestrator.trinity.attach import AttachConfig, actor_calls, attach_args, create_orchestrator, new_session
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -39,8 +39,11 @@ class OrchestratorTaskSelector:
     waits for its tasks. The cost: the orchestrator picks each step's tasks one step
     earlier (same-task re-rolls and skip rules act one step later), and the step reserved
     after the last one stays "in flight" in the actor until a resumed run takes it first.
-    Each request carries a call id: when the actor dies under it, Ray retries it on the
-    restarted actor, which answers a committed request with the same tasks.
+    Each request carries a call id and is re-sent with it while the actor restarts (up to
+    ``restart_deadline_s``, :class:`~orchestrator.service.calls.ActorCalls`, in a thread of the
+    selector's own): the restarted actor answers a committed request with the same tasks. A
+    failure is logged with the explore step and reported to the actor (``dso_errors_total
+    {kind="selector"}``).
 
     Args:
         data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
@@ -58,18 +61,24 @@ class OrchestratorTaskSelector:
         self.dataset_size = int(data_source.dataset_size)
         self.session = new_session()
         self.actor = create_orchestrator(self.settings, self.dataset_size)
+        self.calls = actor_calls(self.settings, self.actor)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dso-selector")  # the requests, re-sent while the actor restarts
+        self._wait_s = self.settings.actor_timeout_s + self.settings.restart_deadline_s
+        self._steps = 0  # explore steps served by this process
         run = self.settings.run or "trinity-run"
         # once, at the explorer's start (before its loop runs a step)
-        self.attached = self.actor.attach_run.remote(
-            run, **attach_args(self.settings, "selector", self.session, self.dataset_size)
-        ).future().result(timeout=self.settings.actor_timeout_s)
+        self.attached = self.calls.call(
+            "attach_run", run, **attach_args(self.settings, "selector", self.session, self.dataset_size),
+            wait_s=self.settings.actor_timeout_s,
+        )
         if self.attached["requeued"]:
             log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
         self._ahead: tuple[int, Future] | None = None  # (count, tasks of the next step)
 
     def _request(self, count: int) -> Future:
-        return self.actor.next_tasks.remote(int(count), call_id=uuid.uuid4().hex).future()  # retried by Ray
+        return self._pool.submit(self.calls.call, "next_tasks", int(count), call_id=uuid.uuid4().hex,
+                                 wait_s=self.settings.actor_timeout_s)
 
     def get_indices(self, batch_size: int, return_extra_info: bool = False):
         """Exactly ``batch_size`` dataset indices (ints in [0, dataset_size)), per the orchestrator.
@@ -81,13 +90,26 @@ class OrchestratorTaskSelector:
 
         Raises:
             StopIteration: the orchestrator is exhausted; the message says so.
+            the actor's errors (logged with the explore step, and reported to the actor).
         """
+        try:
+            return self._get_indices(batch_size, return_extra_info)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            log.error("dso_orchestrator selector failed at explore step %d of session %s: %s: %s",
+                      self._steps, self.session, type(exc).__name__, exc)
+            self.actor.report_error.remote("selector", f"{type(exc).__name__}: {exc}", self._steps)  # best effort
+            raise
+
+    def _get_indices(self, batch_size: int, return_extra_info: bool):
+        self._steps += 1
         if self._ahead is None:  # the first step (or a size change): ask now
             self._ahead = (batch_size, self._request(batch_size))
         count, future = self._ahead
-        ids = list(future.result(timeout=self.settings.actor_timeout_s))  # arrived during the last step
+        ids = list(future.result(timeout=self._wait_s))  # arrived during the last step
         if count < batch_size:
-            ids += self._request(batch_size - count).result(timeout=self.settings.actor_timeout_s)
+            ids += self._request(batch_size - count).result(timeout=self._wait_s)
         ids, extra = ids[:batch_size], ids[batch_size:]
         if not ids:  # next_tasks hands out nothing only at the end of data
             self._ahead = None

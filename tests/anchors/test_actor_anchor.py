@@ -265,10 +265,10 @@ def test_registered_redis_batch_is_expired_and_its_keys_deleted(redis_url, redis
     o = orch({"redis_url": redis_url, "prefix": redis_namespace, "max_age_versions": 0})
     o.anchor_register("w", model_version=3)  # a worker writes "w" to Redis directly
     RedisAnchorIndex(redis_url, prefix=redis_namespace).insert("w", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
-    asyncio.run(o.set_model_version(4))
+    asyncio.run(o.set_model_version(4))  # the expiry runs on the actor's Redis executor, in the background
+    wait_until(lambda: o.anchor_stats()["tracked_batches"] == {})
     client = redis.Redis.from_url(redis_url)
     assert [k for k in client.scan_iter(match=f"{redis_namespace}:{{w}}*")] == []
-    assert o.anchor_stats()["tracked_batches"] == {}
 
 
 def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_namespace, tmp_path):
@@ -280,7 +280,14 @@ def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_
     second = orch(cfg, checkpoint_path=path)
     assert second.anchor_stats()["tracked_batches"] == {"b": 0}
     asyncio.run(second.set_model_version(1))
-    assert second.anchor_stats()["batches"] == 0
+    wait_until(lambda: second.anchor_stats()["batches"] == 0)  # expired in the background
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- concurrent workers on Ray

@@ -145,7 +145,9 @@ def test_failed_commit_goes_back_to_the_last_commit(tmp_path):
     sink._db.execute("INSERT INTO batches VALUES (0, 0, 0, 0, 0, 0, 0.0)")
     with pytest.raises(sqlite3.IntegrityError):
         run(o.submit_groups([group("t1")]))
-    assert o.get_stats() == before and o.ready == []
+    after = o.get_stats()
+    assert after.errors["commit"] == 1 and after.last_error["kind"] == "commit"  # the failure is visible
+    assert after.model_copy(update={"errors": before.errors, "last_error": None}) == before and o.ready == []
     assert orch(tmp_path).get_stats() == before
 
 

@@ -1,11 +1,17 @@
 """Fault and load tests of the orchestrator actor on a real Ray runtime with a real SQLite sink.
 
+Every call goes through :class:`orchestrator.service.calls.ActorCalls`, as the Trinity operator
+and task selector call the actor (the same call re-sent with its call id while the actor
+restarts); the tests add no retry loop of their own.
+
 * 10 random kills (SIGKILL of the actor's process and ``ray.kill(no_restart=False)``, alternating)
-  while a driver submits groups and pops batches (with call ids), retrying what failed: every
-  group is counted once, none is emitted twice, none is lost (each informative group is in the
-  sink or held), and every batch reaches the driver exactly once.
+  while a driver submits groups *without round tags* (``submit_groups`` with a call id) and pops
+  batches (with call ids): every group is counted once (an untagged group gets its identity from
+  the call id), none is emitted twice, none is lost (each informative group is in the sink or
+  held), and every batch reaches the driver exactly once.
 * 6 random kills while a driver calls ``submit_and_pop`` with call ids: the same, and every
-  batch reaches the driver exactly once (a retried call gets the batches its lost answer held).
+  batch reaches the driver exactly once (a re-sent call gets the batches its lost answer held).
+* 5 random kills while a driver calls ``next_batch`` with call ids: every batch reaches it once.
 * 16 concurrent submitters: the same accounting.
 * a detached orchestrator created by a driver that exited (as Trinity's explorer creates it)
   restarts after a SIGKILL and resumes from its state file.
@@ -25,11 +31,11 @@ from pathlib import Path
 
 import pytest
 import ray
-import ray.exceptions as rex
 
 from orchestrator.core.types import Experience, ExperienceId, Group
-from orchestrator.rollout.scripted import ScriptedTasks
+from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
 from orchestrator.service.actor import DEFAULT_NAMESPACE, get_or_create_orchestrator
+from orchestrator.service.calls import ActorCalls
 from orchestrator.service.sink import SQLiteSink
 from orchestrator.tasks.taskset import IndexTaskSet
 
@@ -38,22 +44,11 @@ N = 2
 PATTERNS = {"informative": [1.0, -1.0], "all_wrong": [-1.0, -1.0], "all_correct": [1.0, 1.0]}
 
 
-def make_group(task: str, tag: str, kind: str) -> Group:
+def make_group(task: str, tag: str, kind: str, tagged: bool = True) -> Group:
+    """A group of ``task``; ``info["tag"]`` always names its step, ``eid.round_tag`` only when ``tagged``."""
     return Group(task_id=task, rollouts=[
-        Experience(eid=ExperienceId(task=task, run=r, round_tag=tag), reward=v, info={"tag": tag})
+        Experience(eid=ExperienceId(task=task, run=r, round_tag=tag if tagged else ""), reward=v, info={"tag": tag})
         for r, v in enumerate(PATTERNS[kind])])
-
-
-def retry(call, deadline_s: float = 120.0):
-    """Call until it answers: the actor may be restarting (the calls retried here are idempotent)."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            return call()
-        except (rex.RayActorError, rex.ActorUnavailableError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def sink_groups(path) -> Counter:
@@ -66,15 +61,16 @@ def sink_groups(path) -> Counter:
     return Counter((task, json.loads(info)["tag"]) for _, _, task, info in rows)
 
 
-def check_accounting(actor, sink_path, sent: dict[tuple[str, str], str]) -> None:
-    stats = retry(lambda: ray.get(actor.get_stats.remote()))
-    state = retry(lambda: ray.get(actor.state_dict.remote()))
+def check_accounting(calls: ActorCalls, sink_path, sent: dict[tuple[str, str], str], anon: dict | None = None) -> None:
+    """``anon``: the key of each untagged group (``anon:<call id>:<position>``) -> its (task, tag)."""
+    stats = calls.call("get_stats")
+    state = calls.call("state_dict")
     in_sink = sink_groups(sink_path)
     assert [k for k, c in in_sink.items() if c > 1] == []  # none emitted twice
     assert stats.groups_submitted == len(sent)  # every group counted once
     assert stats.groups_submitted == stats.groups_emitted + stats.groups_padded + stats.groups_dropped + stats.groups_held
     assert sum(in_sink.values()) == stats.groups_emitted + stats.groups_padded
-    held = {tuple(k.split("\x1f")[:2]) for k in state["carry"]}
+    held = {anon[k] if anon is not None else tuple(k.split("\x1f")[:2]) for k in state["carry"]}
     informative = {k for k, kind in sent.items() if kind == "informative"}
     assert informative == {k for k in in_sink if sent[k] == "informative"} | held  # none lost
     ids = SQLiteSink(sink_path).batch_ids()
@@ -86,85 +82,111 @@ def start_killer(name: str, rng: random.Random, times: int) -> tuple[threading.T
     process and ``ray.kill(no_restart=False)``, alternating), each time waiting for it to answer again."""
     kills: list[str] = []
 
+    calls = ActorCalls(name=name)
+
     def killer() -> None:
         for i in range(times):
             time.sleep(rng.uniform(0.2, 1.0))
-            handle = ray.get_actor(name, namespace=DEFAULT_NAMESPACE)
             if i % 2:
-                os.kill(retry(lambda h=handle: ray.get(h.__ray_call__.remote(lambda self: os.getpid()))), signal.SIGKILL)
+                os.kill(calls.call("__ray_call__", lambda self: os.getpid()), signal.SIGKILL)
                 kills.append("SIGKILL")
             else:
-                ray.kill(handle, no_restart=False)
+                ray.kill(calls.handle, no_restart=False)
                 kills.append("ray.kill")
-            retry(lambda h=handle: ray.get(h.ping.remote()))  # let it come back before the next kill
+            calls.call("ping")  # let it come back before the next kill
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     return thread, kills
 
 
-def random_groups(rng: random.Random, step: int) -> tuple[list[Group], list[str]]:
+def random_groups(rng: random.Random, step: int, tagged: bool = True) -> tuple[list[Group], list[str]]:
     """Five groups of step ``step`` on random tasks, and the label each should get."""
     kinds = [rng.choice(list(PATTERNS)) for _ in range(5)]
-    return [make_group(t, f"s{step}", k) for t, k in zip(rng.sample(TASKS, 5), kinds)], kinds
+    return [make_group(t, f"s{step}", k, tagged) for t, k in zip(rng.sample(TASKS, 5), kinds)], kinds
 
 
-def drive_under_kills(sink_path, name: str, seed: int, times: int, call) -> tuple:
-    """A fresh actor killed ``times`` times while the driver sends ``call(actor, groups, step)``
-    (-> labels, handed batch ids) for at least 10 steps, retrying what failed.
+def drive_under_kills(sink_path, name: str, seed: int, times: int, call, tagged: bool = True) -> tuple:
+    """A fresh actor killed ``times`` times while the driver sends ``call(calls, groups, step)``
+    (-> labels, handed batch ids) for at least 10 steps, through :class:`ActorCalls` only.
 
     Returns:
-        the actor, the label of every group sent by (task, tag), the batch ids handed out in
-        order, and the kills done.
+        the actor's calls, the label of every group sent by (task, tag), the batch ids handed
+        out in order, and the kills done.
     """
     rng = random.Random(seed)
     actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
                                        sink=SQLiteSink(sink_path), name=name)
-    ray.get(actor.ping.remote())
+    calls = ActorCalls(actor, name=name)
+    calls.call("ping")
     thread, kills = start_killer(name, rng, times)
     sent: dict[tuple[str, str], str] = {}
     handed: list[int] = []
     step = 0
     while thread.is_alive() or step < 10:
-        groups, kinds = random_groups(rng, step)
-        labels, ids = call(actor, groups, step)
+        groups, kinds = random_groups(rng, step, tagged)
+        labels, ids = call(calls, groups, step)
         assert labels == kinds
         sent.update({(g.task_id, f"s{step}"): k for g, k in zip(groups, labels)})
         handed += ids
         step += 1
     thread.join()
-    return actor, sent, handed, kills
+    return calls, sent, handed, kills
 
 
 @pytest.mark.slow
-def test_ten_random_kills_lose_and_duplicate_nothing(ray_local, tmp_path):
-    def submit_then_pop(actor, groups, step):
-        labels = retry(lambda: ray.get(actor.submit_groups.remote(groups)))
+def test_ten_random_kills_lose_and_duplicate_no_untagged_group(ray_local, tmp_path):
+    anon: dict[str, tuple[str, str]] = {}
+
+    def submit_then_pop(calls, groups, step):
+        call_id = f"submit-{step}"  # re-sent with it while the actor restarts: its untagged groups are known
+        anon.update({f"anon:{call_id}:{i}": (g.task_id, f"s{step}") for i, g in enumerate(groups)})
+        labels = calls.call("submit_groups", groups, call_id=call_id)
         ids = []
         for k in itertools.count():
-            call = f"pop-{step}-{k}"  # the same id for every retry of this pop
-            if (batch := retry(lambda c=call: ray.get(actor.pop_batch.remote(call_id=c)))) is None:
+            if (batch := calls.call("pop_batch", call_id=f"pop-{step}-{k}")) is None:
                 break
             ids.append(batch.batch_id)
         return labels, ids
 
-    actor, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills", 11, 10, submit_then_pop)
+    calls, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills", 11, 10, submit_then_pop, tagged=False)
     assert len(kills) == 10
-    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (retries included)
-    check_accounting(actor, tmp_path / "run.db", sent)
-    ray.kill(actor)
+    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (re-sends included)
+    check_accounting(calls, tmp_path / "run.db", sent, anon)
+    ray.kill(calls.handle)
 
 
 @pytest.mark.slow
 def test_kills_during_submit_and_pop_with_call_ids_hand_every_batch_out_once(ray_local, tmp_path):
-    def submit_and_pop(actor, groups, step):
-        labels, batches = retry(lambda: ray.get(actor.submit_and_pop.remote(groups, call_id=f"call-{step}")))
+    def submit_and_pop(calls, groups, step):
+        labels, batches = calls.call("submit_and_pop", groups, call_id=f"call-{step}")
         return labels, [b.batch_id for b in batches]
 
-    actor, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills-pop", 12, 6, submit_and_pop)
+    calls, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills-pop", 12, 6, submit_and_pop)
     assert len(kills) == 6
-    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (retries included)
-    check_accounting(actor, tmp_path / "run.db", sent)
+    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (re-sends included)
+    check_accounting(calls, tmp_path / "run.db", sent)
+    ray.kill(calls.handle)
+
+
+@pytest.mark.slow
+def test_kills_during_next_batch_with_call_ids_hand_every_batch_out_once(ray_local, tmp_path):
+    name, sink_path = "dso-kills-next", tmp_path / "run.db"
+    script = {t: [[1.0, -1.0], [1.0, 1.0]] for t in TASKS}  # informative, then all correct, per task
+    actor = get_or_create_orchestrator({"target_groups": 4, "group_size": N}, ScriptedTasks(TASKS),
+                                       ScriptedRolloutSource(script), sink=SQLiteSink(sink_path), name=name)
+    calls = ActorCalls(actor, name=name)
+    calls.call("ping")
+    thread, kills = start_killer(name, random.Random(13), 5)
+    handed: list[int] = []
+    k = 0
+    while thread.is_alive() or k < 10:
+        handed.append(calls.call("next_batch", call_id=f"next-{k}").batch_id)
+        k += 1
+    thread.join()
+    assert len(kills) == 5
+    assert sorted(handed) == SQLiteSink(sink_path).batch_ids()  # none handed out twice, none lost on the way
+    assert handed == list(range(len(handed)))
     ray.kill(actor)
 
 
@@ -184,14 +206,14 @@ def test_sixteen_concurrent_submitters(ray_local, tmp_path):
                 kinds[(g.task_id, tag)] = g.rollouts and ("informative" if g.rollouts[0].reward != g.rollouts[1].reward
                                                           else "all_correct" if g.rollouts[0].reward > 0 else "all_wrong")
             ray.get(actor.submit_groups.remote(groups))
-            ray.get(actor.submit_groups.remote(groups))  # a retry: not counted again
+            ray.get(actor.submit_groups.remote(groups))  # sent again: not counted again
 
     threads = [threading.Thread(target=submitter, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    check_accounting(actor, sink_path, kinds)
+    check_accounting(ActorCalls(actor), sink_path, kinds)
     ray.kill(actor)
 
 
@@ -214,7 +236,7 @@ def test_a_detached_orchestrator_created_by_an_exited_explorer_restarts_after_a_
     try:
         pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
         os.kill(pid, signal.SIGKILL)
-        stats = retry(lambda: ray.get(actor.get_stats.remote()), deadline_s=60)
+        stats = ActorCalls(actor, deadline_s=60).call("get_stats")
         assert ray.get(actor.__ray_call__.remote(lambda self: os.getpid())) != pid
         assert stats.model_version == 7  # resumed from the state file
         assert ray.get(actor.__ray_call__.remote(lambda self: len(self.core.task_ids))) == 20_000
