@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo ablate test bench install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long ablate test bench install clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ demo-gigpo: $(STAMP)
 # GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, 3 seeds each; not part of `make test`.
 compare-gigpo: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-gigpo
+
+# The same four arms on 6x6 Sokoban rooms with a 20-turn budget, 5 seeds (long trajectories,
+# recurring states); not part of `make test`.
+compare-gigpo-long: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-gigpo --setting sokoban
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).
