@@ -103,7 +103,7 @@ def _quarters(steps: list[dict], key: str, budget: int) -> list[float]:
     return out
 
 
-def _run_row(seed: int, s: dict, budget: int) -> dict:
+def run_row(seed: int, s: dict, budget: int) -> dict:
     """The measures of one run (one arm and seed) that the comparison reports."""
     first, last = s["steps"][0], s["steps"][-1]
     reach = [st["trajectories"] for st in s["steps"] if st["success_rate"] >= REACH]
@@ -114,10 +114,25 @@ def _run_row(seed: int, s: dict, budget: int) -> dict:
         "abs_step_adv": last["mean_abs_step_advantage"], "abs_episode_adv": last["mean_abs_episode_advantage"],
         "episode_length": last["episode_length"], "start_episode_length": first["episode_length"],
         "trajectories": s["trajectories"], "wall_seconds": s["wall_seconds"],
+        "step_seconds": sum(st["rollout_seconds"] + st["advantage_seconds"] + st["train_seconds"] + st["sync_seconds"]
+                            + st["verify_seconds"] for st in s["steps"]),
+        "entropy_start": first["entropy"], "entropy_end": last["entropy"], "kl_ref_end": last["kl_ref"],
         "success_q": _quarters(s["steps"], "success_rate", budget),
         "abs_step_adv_q": _quarters(s["steps"], "mean_abs_step_advantage", budget),
         "abs_episode_adv_q": _quarters(s["steps"], "mean_abs_episode_advantage", budget),
     }
+
+
+def arm_row(arm: str, runs: list[dict]) -> dict:
+    """One arm's row: its runs (:func:`run_row`), end success statistics, means over seeds, total wall seconds."""
+    reached = [r["to_reach"] for r in runs if r["to_reach"] is not None]
+    return {"arm": arm, "runs": runs, "train": _stats([r["train"] for r in runs]),
+            "to_reach": statistics.fmean(reached) if reached else None, "reached": len(reached),
+            "heldout": _stats([r["heldout"] for r in runs]), "wall_total": sum(r["wall_seconds"] for r in runs),
+            **{k: statistics.fmean(r[k] for r in runs) for k in
+               ("start_train", "start_anchor_fraction", "anchor_fraction", "abs_step_adv", "abs_episode_adv",
+                "episode_length", "start_episode_length", "entropy_start", "entropy_end", "kl_ref_end",
+                "trajectories", "wall_seconds", "step_seconds")}}
 
 
 def separation(rows: list[dict], reference: str = "gigpo") -> list[dict]:
@@ -125,7 +140,8 @@ def separation(rows: list[dict], reference: str = "gigpo") -> list[dict]:
 
     ``diff`` = mean(reference) - mean(arm) over seeds; ``paired`` = mean and std over seeds of
     the per-seed difference (same seed: same rooms, same starting policy, same sampling seeds);
-    ``spread`` = the larger of the two arms' seed std; ``separated`` = |diff| > spread.
+    ``spread`` = the larger of the two arms' seed std; ``separated`` = |diff| > spread, with at
+    least two seeds in common.
     """
     by_arm = {r["arm"]: r for r in rows}
     if reference not in by_arm:
@@ -138,13 +154,13 @@ def separation(rows: list[dict], reference: str = "gigpo") -> list[dict]:
         pairs = [ref[x["seed"]] - x["train"] for x in r["runs"] if x["seed"] in ref]
         diff = by_arm[reference]["train"]["mean"] - r["train"]["mean"]
         spread = max(by_arm[reference]["train"]["std"], r["train"]["std"])
-        out.append({"arm": r["arm"], "diff": diff, "spread": spread, "separated": abs(diff) > spread,
+        out.append({"arm": r["arm"], "diff": diff, "spread": spread, "separated": len(pairs) > 1 and abs(diff) > spread,
                     "paired_mean": statistics.fmean(pairs) if pairs else float("nan"),
                     "paired_std": statistics.stdev(pairs) if len(pairs) > 1 else 0.0})
     return out
 
 
-def _markdown(rows: list[dict], setting: str, budget: int) -> str:
+def comparison_markdown(rows: list[dict], setting: str, budget: int) -> str:
     def ms(xs: list[float]) -> str:
         xs = [x for x in xs if x == x]
         return "-" if not xs else f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
@@ -156,8 +172,9 @@ def _markdown(rows: list[dict], setting: str, budget: int) -> str:
         "| arm | training-map success, end (per seed) | mean ± std | held-out success, end (per seed) | mean ± std "
         f"| trajectories to reach {REACH:.0%} training-map success (seeds reaching it) "
         "| steps in anchor groups > 1, first step / last | mean abs A_S | mean abs A_E | episode length, first / last "
-        "| trajectories | wall time per run, mean (arm total) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| action entropy, first / last step (KL to the start, last) | trajectories | wall time per run, mean (arm total) "
+        "| of which training steps (rollout, advantages, update, sync) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         train = ", ".join(f"{x['train']:.3f}" for x in r["runs"])
@@ -169,7 +186,16 @@ def _markdown(rows: list[dict], setting: str, budget: int) -> str:
             f"| {reach} ({r['reached']}/{len(r['runs'])}) "
             f"| {r['start_anchor_fraction']:.3f} / {r['anchor_fraction']:.3f} | {r['abs_step_adv']:.3f} | {r['abs_episode_adv']:.3f} "
             f"| {r['start_episode_length']:.1f} / {r['episode_length']:.1f} "
-            f"| {r['trajectories']:.0f} | {r['wall_seconds']:.0f} s ({r['wall_total']:.0f} s) |")
+            f"| {r['entropy_start']:.3f} / {r['entropy_end']:.3f} ({r['kl_ref_end']:.4f}) "
+            f"| {r['trajectories']:.0f} | {r['wall_seconds']:.0f} s ({r['wall_total']:.0f} s) | {r['step_seconds']:.0f} s |")
+    seeds = sorted({x["seed"] for r in rows for x in r["runs"]})
+    cell = {(r["arm"], x["seed"]): x for r in rows for x in r["runs"]}
+    lines += ["", "Per seed: training-map success, start -> end (steps in anchor groups > 1 on the first step; wall time):", "",
+              "| seed | " + " | ".join(r["arm"] for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    for sd in seeds:
+        cells = [(f"{c['start_train']:.3f} -> {c['train']:.3f} ({c['start_anchor_fraction']:.3f}; {c['wall_seconds']:.0f} s)"
+                  if (c := cell.get((r["arm"], sd))) else "-") for r in rows]
+        lines.append(f"| {sd} | " + " | ".join(cells) + " |")
     head = " | ".join(f"Q{q + 1}" for q in range(QUARTERS))
     sep = "|---" * (QUARTERS + 1) + "|"
     for key, title in (("success_q", "Training-map success per quarter of the budget (mean ± std over seeds)"),
@@ -217,7 +243,7 @@ def run_comparison(out: Path, *, seeds: int | None = None, budget: int | None = 
     arms = arms or list(ARMS)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    rows, curves = [], {}
+    curves: dict[str, list[list[dict]]] = {}
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
     first = arm_config(arms[0], 0, out, budget, setting)
@@ -226,26 +252,20 @@ def run_comparison(out: Path, *, seeds: int | None = None, budget: int | None = 
     by_arm: dict[str, list[dict]] = {arm: [] for arm in arms}
     try:
         for seed in range(seeds):  # seed-major: an interrupted comparison still has every arm of its first seeds
+            prepare_policy(arm_config(arms[0], seed, out, budget, setting))  # the seed's warm start, outside any arm's time
             for arm in arms:
                 cfg = arm_config(arm, seed, out, budget, setting)
                 say(f"{arm} seed {seed}: {cfg.rollout_budget} trajectories")
                 s = run_gigpo_training(cfg, engine=engine)
-                by_arm[arm].append(_run_row(seed, s, budget))
+                by_arm[arm].append(run_row(seed, s, budget))
                 curves.setdefault(arm, []).append(s["steps"])
                 say(f"{arm} seed {seed}: training-map success {s['start_train_success']:.3f} -> {s['end_train_success']:.3f}, "
                     f"held-out {s['start_heldout_success']:.3f} -> {s['end_heldout_success']:.3f}, "
                     f"anchor groups > 1 on the first step {by_arm[arm][-1]['start_anchor_fraction']:.3f} ({s['wall_seconds']} s)")
     finally:
         ray.kill(engine)
-    for arm, runs in by_arm.items():
-        reached = [r["to_reach"] for r in runs if r["to_reach"] is not None]
-        rows.append({"arm": arm, "runs": runs, "train": _stats([r["train"] for r in runs]),
-                     "to_reach": statistics.fmean(reached) if reached else None, "reached": len(reached),
-                     "heldout": _stats([r["heldout"] for r in runs]), "wall_total": sum(r["wall_seconds"] for r in runs),
-                     **{k: statistics.fmean(r[k] for r in runs) for k in
-                        ("start_train", "start_anchor_fraction", "anchor_fraction", "abs_step_adv", "abs_episode_adv",
-                         "episode_length", "start_episode_length", "trajectories", "wall_seconds")}})
-    markdown = _markdown(rows, setting, budget)
+    rows = [arm_row(arm, runs) for arm, runs in by_arm.items()]
+    markdown = comparison_markdown(rows, setting, budget)
     wall = round(time.monotonic() - t0, 1)
     markdown += f"\nWall time of the whole comparison (shared engine start, warm starts, every run): {wall:.0f} s.\n"
     (out / "comparison.md").write_text(markdown)
