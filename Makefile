@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-sampling ablate demo-trinity check-gpu-install test bench docs install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long compare-sampling ablate demo-trinity check-gpu-install test bench docs install clean
 
 install: $(STAMP)
 
@@ -72,6 +72,11 @@ check-gpu-install:
 # training, 8 arms x 5 seeds (docs/sampling.md); not part of `make test`.
 compare-sampling: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling
+
+# The same four arms on 6x6 Sokoban rooms with a 20-turn budget, 5 seeds (long trajectories,
+# recurring states); not part of `make test`.
+compare-gigpo-long: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-gigpo --setting sokoban
 
 # A real Prometheus server for the one test that scrapes the service with it (Debian package,
 # about 15 s; best effort: without it that test skips and says why).

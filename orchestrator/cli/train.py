@@ -186,16 +186,23 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare-gigpo")
     def compare_gigpo(
-        seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
-        budget: int | None = typer.Option(None, min=1, help="Trajectories per arm and seed (default: the comparison's)."),
-        out: Path = typer.Option(Path("runs/gigpo-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
+        setting: str = typer.Option("frozenlake", help="frozenlake (4x4 maps, 3 seeds) or sokoban (6x6 rooms, 20 turns, "
+                                                       "5 seeds: `make compare-gigpo-long`)."),
+        seeds: int | None = typer.Option(None, min=1, help="Seeds per arm (default: the setting's)."),
+        budget: int | None = typer.Option(None, min=1, help="Trajectories per arm and seed (default: the setting's)."),
+        out: Path | None = typer.Option(None, help="Output directory (comparison.md, comparison.json, comparison.png, runs); "
+                                                   "default runs/gigpo-compare, runs/gigpo-compare-sokoban."),
         arms: str | None = typer.Option(None, help=f"Comma-separated arms among {GIGPO_ARMS} (default: all)."),
     ) -> None:
         """GiGPO vs omega = 0 vs multi-step GRPO vs no std normalisation, same trajectory budget."""
-        from orchestrator.jobs.gigpo_compare import ARMS, run_comparison
+        from orchestrator.jobs.gigpo_compare import ARMS, SETTINGS, run_comparison
 
+        if setting not in SETTINGS:
+            raise typer.BadParameter(f"unknown setting {setting!r}; choose from {list(SETTINGS)}", param_hint="--setting")
         chosen = _arms(arms, ARMS)
-        result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
+        out = out or Path("runs/gigpo-compare" + ("" if setting == "frozenlake" else f"-{setting}"))
+        result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, setting=setting,
+                                log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])
         console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")
 

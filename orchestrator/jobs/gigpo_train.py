@@ -7,7 +7,9 @@ each with its ``env_state_hash``), the orchestrator actor holding the anchor ind
 default, Redis with ``redis_url``), ``workers`` Ray tasks that write every step into that index
 and query it for the step advantages (:func:`orchestrator.jobs.gigpo.actor_step_advantages`),
 the CPU trainer (:meth:`orchestrator.train.trainer.PolicyTrainer.train_on`) and a verified
-weight sync after every step (model version + 1 in the orchestrator).
+weight sync after every step (model version + 1 in the orchestrator). With ``env="sokoban"``
+the same loop plays textarena's Sokoban rooms (:mod:`orchestrator.envs.sokoban`) with the tiny
+Sokoban policy (:func:`orchestrator.train.tiny.ensure_sokoban_policy`).
 
 One training step (GiGPO, arXiv 2505.10978, Algorithm 1):
 
@@ -35,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +46,7 @@ from algos.gigpo import GiGPOConfig, gigpo_advantages, multi_step_grpo_advantage
 from orchestrator.core.types import Experience
 from orchestrator.train.trainer import TrainerConfig
 
-__all__ = ["GiGPOTrainConfig", "run_gigpo_training", "step_summary"]
+__all__ = ["GiGPOTrainConfig", "prepare_policy", "run_gigpo_training", "start_policy_engine", "step_summary"]
 
 
 def _gigpo() -> GiGPOConfig:
@@ -68,10 +70,14 @@ class GiGPOTrainConfig(BaseModel):
     seed: int = Field(0, description="Seeds tasks or maps, warm start, sampling and the trainer's mini-batch shuffle (trainer.seed is replaced).")
     out_dir: Path = Path("runs/gigpo")
     # environment
-    map_size: int = Field(4, ge=2, le=5, description="FrozenLake grid side (gymnasium's 4x4 by default).")
-    map_p: float = Field(0.8, gt=0, le=1, description="Probability that a cell is frozen (gymnasium's p).")
-    train_maps: int = Field(8, ge=1, description="Fixed training maps (tasks).")
-    heldout_maps: int = Field(16, ge=1, description="Held-out maps, disjoint from the training ones.")
+    env: Literal["frozenlake", "sokoban"] = Field("frozenlake", description="gymnasium's FrozenLake maps or textarena's Sokoban rooms.")
+    map_size: int = Field(4, ge=2, le=5, description="FrozenLake grid side (gymnasium's 4x4 by default); FrozenLake only.")
+    map_p: float = Field(0.8, gt=0, le=1, description="Probability that a cell is frozen (gymnasium's p); FrozenLake only.")
+    room_size: int = Field(6, ge=5, le=7, description="Sokoban room side with its outer wall (textarena's and verl-agent's 6); "
+                                                       "at most 7: the policy sees 64 positions; Sokoban only.")
+    num_boxes: int = Field(1, ge=1, description="Sokoban boxes per room (verl-agent's GiGPO runs: 1); Sokoban only.")
+    train_maps: int = Field(8, ge=1, description="Fixed training maps or rooms (tasks).")
+    heldout_maps: int = Field(16, ge=1, description="Held-out maps or rooms, disjoint from the training ones.")
     n: int = Field(8, ge=2, description="Trajectories per map and step (the group size).")
     max_turns: int = Field(12, ge=1, description="Turn limit per trajectory.")
     # policy
@@ -97,7 +103,40 @@ class GiGPOTrainConfig(BaseModel):
 def _policy_dir(cfg: GiGPOTrainConfig) -> Path:
     from orchestrator.rollout.model import cache_root
 
+    if cfg.env == "sokoban":
+        return cache_root() / f"tiny-sokoban{cfg.room_size}b{cfg.num_boxes}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
     return cache_root() / f"tiny-frozenlake-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
+
+
+def start_policy_engine(model_dir: Path, seed: int) -> Any:
+    """A :data:`~orchestrator.train.sync.TrainableEngineActor` serving the tiny policy in ``model_dir``, ready (Ray must be up)."""
+    import ray
+
+    from orchestrator.train.sync import TrainableEngineActor
+
+    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=seed, enable_prefix_caching=False)
+    ray.get(engine.ready.remote(), timeout=600)
+    return engine
+
+
+def prepare_policy(cfg: GiGPOTrainConfig) -> Path:
+    """The run's warm-started tiny policy (built once per setting and seed, then read from the cache)."""
+    return _environment(cfg)[3](_policy_dir(cfg))
+
+
+def _environment(cfg: GiGPOTrainConfig) -> tuple[list, Callable[..., list[Experience]], tuple[str, ...], Callable[[Path], Path]]:
+    """The run's tasks (training then held-out), its ``run_episodes``, action letters and policy builder."""
+    from orchestrator.envs import frozenlake, sokoban
+    from orchestrator.train import tiny
+
+    count = cfg.train_maps + cfg.heldout_maps
+    kw = {"seed": cfg.seed, "warm_steps": cfg.warm_steps, "hidden": cfg.hidden, "layers": cfg.layers}
+    if cfg.env == "sokoban":
+        return (sokoban.make_tasks(count, size=cfg.room_size, num_boxes=cfg.num_boxes, seed=1000 * cfg.seed),
+                sokoban.run_episodes, tiny.SOKOBAN_ACTIONS,
+                lambda d: tiny.ensure_sokoban_policy(d, size=cfg.room_size, num_boxes=cfg.num_boxes, **kw))
+    return (frozenlake.make_tasks(count, size=cfg.map_size, p=cfg.map_p, seed=1000 * cfg.seed), frozenlake.run_episodes,
+            tiny.FROZENLAKE_ACTIONS, lambda d: tiny.ensure_frozenlake_policy(d, size=cfg.map_size, **kw))
 
 
 def step_summary(exps: list[Experience], episode: np.ndarray, step_adv: np.ndarray, anchor_sizes: np.ndarray) -> dict[str, float]:
@@ -133,13 +172,17 @@ def _columns(exps: list[Experience]) -> dict[str, np.ndarray]:
 
 
 def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] | None = None,
-                       log: Callable[[str], None] | None = None) -> dict:
+                       log: Callable[[str], None] | None = None, engine: Any = None) -> dict:
     """Run one GiGPO training job; return its summary (also ``out_dir/gigpo_train.json``, plots beside it).
 
     Args:
         cfg: the configuration.
         progress: called with each step's row (the keys of ``summary["steps"][i]``).
         log: called with start-up messages.
+        engine: a running :data:`~orchestrator.train.sync.TrainableEngineActor` of a policy with the
+            same shape (a comparison starts one for all its runs: about 30 s each saved); the run
+            loads its own starting weights into it first and leaves it running. None: the run
+            starts its own engine and kills it at the end.
     Returns:
         ``{"config", "wall_seconds", "start_train_success", "end_train_success",
         "start_heldout_success", "end_heldout_success", "steps_done", "trajectories", "backend"
@@ -154,14 +197,13 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
 
     from orchestrator.anchors.owner import AnchorIndexConfig
     from orchestrator.core.policy import ResamplingPolicy
-    from orchestrator.envs import frozenlake
     from orchestrator.envs.policies import engine_sample_act
     from orchestrator.jobs.gigpo import GiGPOJobError, actor_step_advantages, steps_for_index
     from orchestrator.service.actor import OrchestratorActor
     from orchestrator.service.metrics import DSOMetrics
     from orchestrator.tasks.taskset import TaskSet
-    from orchestrator.train.sync import TrainableEngineActor, WeightSync
-    from orchestrator.train.tiny import FROZENLAKE_ACTIONS, MARKER, ensure_frozenlake_policy
+    from orchestrator.train.sync import WeightSync
+    from orchestrator.train.tiny import MARKER
     from orchestrator.train.trainer import PolicyTrainer
 
     say = log or (lambda msg: None)
@@ -170,17 +212,20 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
 
-    maps = frozenlake.make_tasks(cfg.train_maps + cfg.heldout_maps, size=cfg.map_size, p=cfg.map_p, seed=1000 * cfg.seed)
+    maps, run_episodes, letters, ensure_policy = _environment(cfg)
     train_tasks, held_tasks = maps[: cfg.train_maps], maps[cfg.train_maps:]
-    say(f"{cfg.train_maps} training and {cfg.heldout_maps} held-out {cfg.map_size}x{cfg.map_size} maps; "
+    side = cfg.room_size if cfg.env == "sokoban" else cfg.map_size
+    say(f"{cfg.train_maps} training and {cfg.heldout_maps} held-out {side}x{side} {cfg.env} tasks; "
         f"policy warm start ({cfg.warm_steps} steps on random action letters"
         f"{', from the cache' if (_policy_dir(cfg) / MARKER).is_file() else '; cached for the next run'})")
-    model_dir = ensure_frozenlake_policy(_policy_dir(cfg), size=cfg.map_size, seed=cfg.seed, warm_steps=cfg.warm_steps,
-                                         hidden=cfg.hidden, layers=cfg.layers)
-    say("starting the vLLM engine")
-    engine = TrainableEngineActor.remote(str(model_dir), dtype="float32", max_model_len=64, seed=cfg.seed,
-                                         enable_prefix_caching=False)
-    ray.get(engine.ready.remote(), timeout=600)
+    model_dir = ensure_policy(_policy_dir(cfg))
+    trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
+    own_engine = engine is None
+    if own_engine:
+        say("starting the vLLM engine")
+        engine = start_policy_engine(model_dir, cfg.seed)
+    else:  # the shared engine gets this run's starting weights (checked on the first rollouts, below)
+        ray.get(engine.load_weights.remote(trainer.named_weights()), timeout=600)
     prefix = f"dso:gigpo-train-{uuid.uuid4().hex[:8]}"
     index_cfg = AnchorIndexConfig(redis_url=cfg.redis_url, prefix=prefix)
     actor = OrchestratorActor.options(name=f"dso-gigpo-{uuid.uuid4().hex[:8]}").remote(
@@ -188,13 +233,12 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         metrics=DSOMetrics(), anchor_index=index_cfg)
     backend = ray.get(actor.anchor_spec.remote())["backend"]
     say(f"anchor index: {backend} (the orchestrator's), {cfg.workers} advantage workers")
-    trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
     act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed)
     eval_act = engine_sample_act(engine, temperature=cfg.temperature, seed=cfg.seed + 7_777_777)
 
     def evaluate(version: int, tag: str) -> float:
-        exps = frozenlake.run_episodes(held_tasks, cfg.eval_runs, eval_act, max_steps=cfg.max_turns, round_tag=tag,
-                                       model_version=version, choices=FROZENLAKE_ACTIONS)
+        exps = run_episodes(held_tasks, cfg.eval_runs, eval_act, max_steps=cfg.max_turns, round_tag=tag,
+                            model_version=version, choices=letters)
         return float(np.mean([e.metrics["success"] for e in exps if e.info["last"]]))
 
     g = cfg.gigpo
@@ -209,8 +253,8 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         while step < cfg.max_steps and trajectories < cfg.rollout_budget:
             t0 = time.monotonic()
             batch_key = f"s{step}-{uuid.uuid4().hex[:6]}"
-            exps = frozenlake.run_episodes(train_tasks, cfg.n, act, max_steps=cfg.max_turns, round_tag=batch_key,
-                                           model_version=version, choices=FROZENLAKE_ACTIONS)
+            exps = run_episodes(train_tasks, cfg.n, act, max_steps=cfg.max_turns, round_tag=batch_key,
+                                model_version=version, choices=letters)
             rollout_s = time.monotonic() - t0
             t1 = time.monotonic()
             c = _columns(exps)
@@ -230,6 +274,8 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
                 advantages = multi_step_grpo_advantages(c["task_ids"], c["run_ids"], c["step_ids"], c["rewards"], eps=g.eps)
             advantage_s = time.monotonic() - t1
             t2 = time.monotonic()
+            if step == 0 and not own_engine:  # the shared engine rolled out this run's starting weights
+                WeightSync(engine, None, exps[:8], tol=cfg.sync_tol).check(trainer, 0)
             metrics = trainer.train_on(exps, advantages)
             train_s = time.monotonic() - t2
             step += 1
@@ -256,7 +302,8 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         metrics_text = ray.get(actor.metrics_text.remote())
     finally:
         ray.kill(actor)
-        ray.kill(engine)
+        if own_engine:
+            ray.kill(engine)
     (cfg.out_dir / "metrics.prom").write_text(metrics_text)
 
     def window(key: str, rows: list[dict]) -> float:

@@ -151,3 +151,36 @@ def plot_gigpo_training(summary: dict, out_dir: Path) -> list[Path]:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
+
+
+def plot_gigpo_comparison(curves: dict[str, list[list[dict]]], path: Path, *, title: str = "") -> Path:
+    """Write a GiGPO comparison's figure: per arm, against trajectories generated, the mean over seeds
+    (band: mean ± std) of training-map success (each step's own rollouts), mean |A_S|, mean |A_E| and
+    the fraction of steps in anchor groups larger than one.
+
+    Args:
+        curves: arm -> one list of step rows (``summary["steps"]`` of the training run) per seed.
+    """
+    plt = _plt()
+    panels = (("success_rate", "training-map success (step's rollouts)"), ("mean_abs_step_advantage", "mean |A_S| (step)"),
+              ("mean_abs_episode_advantage", "mean |A_E| (episode)"), ("anchor_group_fraction", "steps in anchor groups > 1"))
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
+    for a, (key, label) in zip(ax.flat, panels):
+        for arm, runs in curves.items():
+            end = min(r[-1]["trajectories"] for r in runs)
+            grid = np.array(sorted({s["trajectories"] for s in runs[0] if s["trajectories"] <= end}), dtype=float)
+            ys = np.array([np.interp(grid, [s["trajectories"] for s in r], [s[key] for s in r]) for r in runs])
+            mean, std = ys.mean(0), ys.std(0, ddof=1) if len(runs) > 1 else np.zeros(len(grid))
+            a.plot(grid, mean, label=arm)
+            a.fill_between(grid, mean - std, mean + std, alpha=0.15)
+        a.set_title(label)
+        a.set_xlabel("trajectories generated")
+    ax[0, 0].set_ylim(0, 1)
+    ax[1, 1].set_ylim(0, 1.05)
+    ax[0, 0].legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)

@@ -52,6 +52,16 @@ FROZENLAKE_TEMPLATE = (
 question line) as ``PFFF|FHFH|FFFH|HFFG=``; the system rules are left out (the policy learns
 them from rewards)."""
 
+SOKOBAN_CHARS = list("#_OX*P|=UDLR")
+"""The Sokoban policy's characters: room cells (``#`` wall, ``_`` floor, ``O`` target, ``X`` box,
+``*`` box on a target, ``P`` the player; :func:`orchestrator.envs.sokoban.render_grid`), the row
+separator ``|``, the generation prompt ``=`` and the four action letters."""
+SOKOBAN_ACTIONS = ("U", "D", "L", "R")
+"""Action letters in textarena's order (up, down, left, right): the ``choices`` of
+:func:`orchestrator.envs.sokoban.run_episodes` for the Sokoban policy."""
+SOKOBAN_TEMPLATE = FROZENLAKE_TEMPLATE
+"""The same rendering as :data:`FROZENLAKE_TEMPLATE`: the room as ``######|#_P_##|...|######=``."""
+
 
 def build_tokenizer(out_dir: Path, *, chars: str | list[str] = CHARS, chat_template: str = CHAT_TEMPLATE) -> Path:
     """Save a character-level fast tokenizer (``tokenizers`` WordLevel) that vLLM and
@@ -295,18 +305,19 @@ def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: i
 
 
 def warm_start_actions(model_dir: Path, prompts: list[list[int]], *, steps: int, actions: int = len(FROZENLAKE_ACTIONS),
-                       batch_size: int = 128, lr: float = 3e-3, seed: int = 0) -> list[float]:
+                       batch_size: int = 128, lr: float = 3e-3, seed: int = 0,
+                       chars: list[str] = FROZENLAKE_CHARS) -> list[float]:
     """Supervised warm start on *uniformly random* action letters after each prompt.
 
     Teaches the answer format only (one of ``actions`` letters, the last ``actions`` tokens of
-    the FrozenLake vocabulary), not the task: the warm-started policy is close to a uniform
+    the vocabulary of ``chars``), not the task: the warm-started policy is close to a uniform
     random walk.
     Trains the model in ``model_dir`` in place and saves it back.
 
     Returns:
         the loss of every step (``log(actions)`` once the letters are uniform).
     """
-    vocab = len(SPECIALS) + len(FROZENLAKE_CHARS)
+    vocab = len(SPECIALS) + len(chars)
     gen = torch.Generator().manual_seed(seed)
 
     def batch() -> tuple[list[list[int]], list[int]]:
@@ -342,5 +353,38 @@ def ensure_frozenlake_policy(out_dir: Path, *, size: int = 4, seed: int = 0, war
                 prompts.append(tok.apply_chat_template(make_prompt(desc, r, c), tokenize=True, add_generation_prompt=True))
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     warm_start_actions(out, prompts, steps=warm_steps, seed=seed)
+    marker.write_text(json.dumps(settings))
+    return out
+
+
+def ensure_sokoban_policy(out_dir: Path, *, size: int = 6, num_boxes: int = 1, seed: int = 0, warm_steps: int = 20,
+                          hidden: int = 128, layers: int = 2) -> Path:
+    """Build the tiny Sokoban Llama (:data:`SOKOBAN_CHARS`, :data:`SOKOBAN_TEMPLATE`) and warm-start it
+    once on random action letters (:func:`warm_start_actions`) over 128 random ``size`` x ``size``
+    rooms (room seeds 10**6 + k, apart from the training ones), each with its boxes where the
+    generator put them and the player on every floor cell; a marker file records the settings."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.envs.sokoban import make_prompt, make_tasks
+
+    out = Path(out_dir)
+    settings = {"env": "sokoban", "size": size, "num_boxes": num_boxes, "seed": seed, "warm_steps": warm_steps,
+                "hidden": hidden, "layers": layers}
+    marker = out / MARKER
+    if marker.is_file() and json.loads(marker.read_text()) == settings:
+        return out
+    build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers, chars=SOKOBAN_CHARS, chat_template=SOKOBAN_TEMPLATE)
+    tok = AutoTokenizer.from_pretrained(out)
+    prompts = []
+    for task in make_tasks(128, size=size, num_boxes=num_boxes, seed=10**6):
+        layout, boxes = task.meta["layout"], task.meta["boxes"]
+        box_cells = {tuple(b) for b in boxes}
+        for r, row in enumerate(layout):
+            for c, ch in enumerate(row):
+                if ch != "#" and (r, c) not in box_cells:
+                    prompts.append(tok.apply_chat_template(make_prompt(layout, boxes, (r, c)), tokenize=True,
+                                                           add_generation_prompt=True))
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    warm_start_actions(out, prompts, steps=warm_steps, seed=seed, chars=SOKOBAN_CHARS)
     marker.write_text(json.dumps(settings))
     return out
