@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class TrinityDemoConfig(BaseModel):
     """Embedded defaults of ``trinity-dso trinity-demo``: ``make demo``'s task, policy and warm start."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     out_dir: Path = Path("runs/trinity")

@@ -202,6 +202,7 @@ def test_an_explorer_killed_after_the_write_has_its_carried_group_released_by_th
     out, m = asyncio.run(op.process(group(1, 0, 3, [-1.0, 1.0])))  # the new process numbers its steps again
     assert m["dso/batches_released"] == 1
     assert [(e.eid.batch, e.reward) for e in out] == [(f"1@{dead}", 1.0), (f"1@{dead}", -1.0), (1, -1.0), (1, 1.0)]
+    op.held.close()  # the dead session's file is deleted in the worker thread, after the release
     assert list(tmp_path.iterdir()) == [] and ray_local.get(handle.get_stats.remote()).dropped_by_reason["lost"] == 0
 
 
