@@ -52,19 +52,20 @@ from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
+from orchestrator.service.names import (  # noqa: F401 - re-exported: importers of the actor find them here too
+    DEFAULT_NAME,
+    DEFAULT_NAMESPACE,
+    RETRIES,
+    RETRY_WINDOW,
+    OrchestratorUnavailable,
+    PinnedPolicyError,
+    PolicyConflictError,
+    RunConflictError,
+)
 from orchestrator.service.sink import BatchSink, SQLiteSink
 from orchestrator.service.store import Change, Saved, StateStore
 
-DEFAULT_NAME = "dso-orchestrator"
-DEFAULT_NAMESPACE = "trinity-dso"
-
 log = logging.getLogger("trinity_dso.actor")
-
-RETRIES = 3
-"""Ray's retries (``max_task_retries``) of a read when the actor died under it. Calls that change
-state are never retried by Ray (a refusal while the actor restarts spends a retry, and Ray would
-re-send a call without its caller knowing): callers re-send them with the same ``call_id``
-through :class:`orchestrator.service.calls.ActorCalls` (see docs/durability-faults.md)."""
 
 REDIS_TIMEOUT_S = 0.5
 """Socket timeout of the actor's own Redis client, in seconds (one attempt; reads are tried twice):
@@ -90,29 +91,6 @@ SLICE_ROLLOUTS = 256
 
 COMMIT_ROLLOUTS = 4096
 """A large submit commits after about this many rollouts (and at its end)."""
-
-RETRY_WINDOW = 1_000_000
-"""Group keys remembered to recognise a re-submitted group (the default ``retry_window``): about
-126 MB in memory and 2 s of loading at a restart per million. A resumed Trinity explorer
-re-submits the explore steps since its last checkpoint, a few thousand to tens of thousands of
-groups in usual runs."""
-
-
-class OrchestratorUnavailable(RuntimeError):
-    """The orchestrator actor is missing, dead or did not answer in time."""
-
-
-class PolicyConflictError(ValueError):
-    """A policy write based on a stale revision (the REST layer maps it to 409)."""
-
-
-class PinnedPolicyError(PolicyConflictError):
-    """A policy write that would change a field an attached run has pinned (409, naming the field)."""
-
-
-class RunConflictError(RuntimeError):
-    """A second run (or a different task set) tried to attach to an orchestrator that serves another run."""
-
 
 def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
     """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
@@ -946,12 +924,6 @@ class Orchestrator(AnchorLifecycle):
             raise InvalidPolicyError(str(err)) from None
         log.info("policy revision %d: %s", self.core.policy_revision, changes)
         self._observe()
-
-    async def pause_replenish(self) -> dict:
-        return await self.set_policy({"replenish_paused": True})
-
-    async def resume_replenish(self) -> dict:
-        return await self.set_policy({"replenish_paused": False})
 
     @ray.method(max_task_retries=RETRIES)
     async def set_model_version(self, version: int) -> None:
