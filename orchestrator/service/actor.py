@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import gc
 import logging
 import operator
@@ -39,16 +38,15 @@ import ray
 from algos.dapo import GroupReason, InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
-from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.passrate import task_tags
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
-from orchestrator.core.rows import GroupRows
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
 from orchestrator.rollout.screening import screened_generate
 from orchestrator.rollout.source import RolloutSource
+from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
@@ -62,25 +60,12 @@ from orchestrator.service.names import (  # noqa: F401 - re-exported: importers 
     PolicyConflictError,
     RunConflictError,
 )
+from orchestrator.service.persist import Persistence
 from orchestrator.service.sink import BatchSink, SQLiteSink
-from orchestrator.service.store import Change, Saved, StateStore
+from orchestrator.service.store import StateStore
 
 log = logging.getLogger("trinity_dso.actor")
 
-REDIS_TIMEOUT_S = 0.5
-"""Socket timeout of the actor's own Redis client, in seconds (one attempt; reads are tried twice):
-a hung Redis is seen as down within about a second, never ties up a thread for long."""
-
-REDIS_THREADS = 2
-"""Threads of the actor's Redis executor (health check, stats, expiry): Redis-bound work never
-waits in, or fills, the pool that writes commits."""
-
-REDIS_WAIT_S = 2.0
-"""How long the health check and ``metrics_text`` wait for a Redis answer before reporting the
-index down (the health check) or leaving the index's gauges as they were (``metrics_text``)."""
-
-LOST_KEYS = 100_000
-"""Anchor batch keys remembered as lost with Redis's data (refused by ``anchor_register``)."""
 _KEY, _REASON, _SIZE = operator.attrgetter("key"), operator.attrgetter("reason"), operator.attrgetter("size")
 
 ANCHOR_GROUP = "anchor_index"
@@ -111,7 +96,7 @@ def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
     )
 
 
-class Orchestrator(AnchorLifecycle):
+class Orchestrator(Persistence, AnchorWatch):
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
@@ -218,32 +203,6 @@ class Orchestrator(AnchorLifecycle):
         self._observe()
         _freeze_startup_heap()
 
-    def _load(self) -> None:
-        """Restore the last committed state (start, or after a failed commit; with nothing
-        committed yet, the state of a new orchestrator: a failed first commit leaves nothing)."""
-        found = self.store.load() if self.store is not None else None
-        saved = found if found is not None else Saved(0, {})  # nothing committed: a new orchestrator's state
-        if found is not None:
-            self.core.load_state_dict(saved.state, saved.groups)
-        self._anchor_load_state_dict(saved.state)
-        self._anchor_guard = saved.state.get("anchor_guard")
-        self._anchor_lost = dict.fromkeys(saved.state.get("anchor_lost") or ())
-        self.attachment = dict(saved.state.get("attachment") or {})
-        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
-        self._seen_order = deque(self._seen)  # oldest first (the file's commit order); trimmed by the next submit
-        self._new_seen, self._new_batches, self._handed = {}, [], []
-        self._last_call, self._new_call = saved.last_call, None
-        call = saved.state.get("tasks_call")
-        self._tasks_call = (call[0], list(call[1])) if call else None
-        if found is None:
-            return
-        log.warning(
-            "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
-            "saved policy replaces the configured one; delete the file to start afresh)",
-            self.store.path, saved.seq, self.core.batch_id, self.core.policy_revision,
-            len(self._stored), len(self.ready),
-        )
-
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
         """After a change: expire old anchor batches, and record a released batch in the metrics'
@@ -253,65 +212,6 @@ class Orchestrator(AnchorLifecycle):
         self._anchor_in_background(self._anchor_auto_expire)
         if self.metrics is not None and batch is not None:
             self.metrics.observe_batch(batch)
-
-    def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        """Take everything changed since the last commit (clearing it), for :class:`GroupCommit`:
-        ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
-        (at least once: a crash before the commit writes them again), then the change to the
-        store in one transaction: new group keys, newly held groups (written once), released
-        groups, emitted batches, hand-outs and the small state. What the event loop may change
-        while ``write`` runs in a worker thread is taken now: the per-task columns that changed
-        (:meth:`StateStore.stage`) and the newly held groups, packed. ``done`` records which held
-        groups the store now has."""
-        batches, self._new_batches = self._new_batches, []
-        seen, self._new_seen = self._new_seen, {}
-        handed, self._handed = self._handed, []
-        call, self._new_call = self._new_call, None
-        external = batches if self.store is None or self.store.sink is None else []
-        if self.store is None:
-            return functools.partial(self._write, None, external), _nothing
-        carry, candidates = self.core.carry, self.core.candidates
-        held = set(carry.keys)
-        held.update(candidates.keys)
-        state = self.core.state(payloads=False)
-        state.update(self._anchor_state_dict())
-        state["attachment"] = dict(self.attachment)
-        if self._tasks_call is not None:
-            state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
-        if self._anchor_guard is not None:
-            state["anchor_guard"] = self._anchor_guard
-        if self._anchor_lost:
-            state["anchor_lost"] = list(self._anchor_lost)
-        small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
-        stored = self._stored
-        new = [rows.take(~np.fromiter(map(stored.__contains__, rows.keys), bool, len(rows))) for rows in (carry, candidates)]
-        change = Change(
-            small, columns, seen=seen, hold=GroupRows.concat(*new).pack(),  # packed now, as staged
-            release=list(stored - held), batches=batches, handed=handed, call=call,
-        )
-
-        def done() -> None:
-            self._stored = held
-
-        return functools.partial(self._write, change, external), done
-
-    def _write(self, change: Change | None, external: list[Batch]) -> None:
-        """The I/O of a commit (also run in a worker thread): an external sink, then the store."""
-        if self.sink is not None:
-            for b in external:
-                self.sink.write(b)
-        if change is not None:
-            self.store.commit(change)
-
-    def _rollback(self) -> None:
-        """After a failed commit: back to the last commit written."""
-        if self.store is not None:
-            log.exception("commit to %s failed: back to the last commit", self.store.path)
-            self._record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
-            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
-                                         task_tags=self.core.passrate.task_tags())
-            self.ready = []
-            self._load()
 
     def _finish(self, batch: Batch) -> None:
         """Record an emitted batch: ready to hand out, written by the next commit."""
@@ -685,17 +585,6 @@ class Orchestrator(AnchorLifecycle):
         await self.commits.durable(mine)
         return batch
 
-    def _answered(self, call_id: str | None) -> list[Batch] | None:
-        """The batches that the committed call ``call_id`` handed out (a retry), else None."""
-        if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
-            return list(self._last_call[1])
-        return None
-
-    def _remember(self, call_id: str | None, batches: list[Batch]) -> None:
-        """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
-        if call_id is not None:
-            self._last_call = self._new_call = (call_id, batches)
-
     @ray.method(max_task_retries=RETRIES)
     def exhausted(self) -> bool:
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
@@ -730,14 +619,6 @@ class Orchestrator(AnchorLifecycle):
 
         Batches already emitted and not handed out come first. ``call_id``: as for :meth:`pop_batch`."""
         return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
-
-    async def _committed(self, change: Callable[[], Any]) -> Any:
-        """``change()`` under the lock, returned once a commit covers it."""
-        async with self._lock:
-            out = change()
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
-        return out
 
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector); returns
@@ -997,122 +878,7 @@ class Orchestrator(AnchorLifecycle):
                 pass
         return self.metrics.exposition()
 
-    # ------------------------------------------------------------- anchor index: never on the event loop
-    # Every call that may reach Redis (stats, drop, expiry, health) runs in a worker thread, so a
-    # hung or dead Redis (socket timeouts, retries: seconds) never stalls pings, stats or submits.
-    def _anchor_redis(self) -> RedisAnchorIndex | None:
-        return self.anchor if isinstance(self.anchor, RedisAnchorIndex) else None
-
-    def _anchor_changed(self) -> None:
-        """The tracked batch keys changed (maybe in a worker thread): commit on the event loop."""
-        loop = self._loop
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            loop.call_soon_threadsafe(self.commits.commit)
-        else:
-            self.commits.commit()
-
-    def _on_redis_pool(self, name: str, fn: Any, *args: Any, wait_s: float | None = None) -> Any:
-        """``fn(*args)`` on the actor's Redis executor (:data:`REDIS_THREADS` threads of its own):
-        awaitable, waiting at most ``wait_s`` (``asyncio.TimeoutError`` then; the job runs on).
-        One job per ``name`` at a time: while one is queued or running, ``RuntimeError`` (a hung
-        Redis never piles jobs up)."""
-        if name in self._redis_busy:
-            raise RuntimeError(f"anchor index: a {name} job is still queued or running")
-        if self._redis_pool is None:
-            self._redis_pool = concurrent.futures.ThreadPoolExecutor(REDIS_THREADS, thread_name_prefix="dso-redis")
-        self._redis_busy.add(name)
-        future = self._redis_pool.submit(fn, *args)
-        future.add_done_callback(lambda _: self._redis_busy.discard(name))
-        return asyncio.wait_for(asyncio.wrap_future(future), wait_s)
-
-    def _anchor_in_background(self, fn: Any) -> None:
-        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use):
-        with Redis on the Redis executor, skipped while the last such job is still running (it
-        may outlive an ``asyncio.run`` of the call that started it)."""
-        if self.anchor is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn()
-            return
-        self._loop = loop
-        if self._anchor_redis() is None:  # the memory index: no Redis to hang on
-            loop.run_in_executor(None, fn)
-            return
-        try:
-            job = self._on_redis_pool(getattr(fn, "__name__", "job"), fn)
-        except RuntimeError:
-            return
-        loop.create_task(self._quietly(job))
-
-    async def _quietly(self, job: Any) -> None:
-        try:
-            await job
-        except Exception as exc:  # noqa: BLE001 - a background job's failure is logged and counted
-            log.warning("anchor index background job failed: %s", exc)
-            self._record_error("anchor_index", str(exc))
-
-    def _start_watch(self) -> None:
-        """Start the Redis health check once an event loop runs (idempotent)."""
-        if self._anchor_redis() is None or self._watch is not None:
-            return
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._watch = self._loop.create_task(self._watch_anchor_index())
-
-    async def _watch_anchor_index(self, up_every_s: float = 5.0, down_every_s: float = 1.0) -> None:
-        """Ping Redis (on the Redis executor) every few seconds: report outages, and on recovery
-        check the run's guard key, so batches lost with Redis's data are forgotten, never served.
-
-        A check not answered within :data:`REDIS_WAIT_S` reports the index down (a hung Redis is
-        down within a few seconds). Any other failure is logged and counted
-        (``dso_errors_total{kind="health_watch"}``), and the watch goes on."""
-        index = self._anchor_redis()
-        assert index is not None
-        while True:
-            up = None
-            try:
-                up = await self._check_anchor_index(index)
-            except Exception as exc:  # noqa: BLE001 - the watch never dies
-                log.exception("anchor index health check failed unexpectedly (the check goes on)")
-                self._record_error("health_watch", f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(up_every_s if up else down_every_s)
-
-    async def _check_anchor_index(self, index: RedisAnchorIndex) -> bool:
-        """One health check (see :meth:`_watch_anchor_index`); returns whether Redis is up."""
-        def check() -> tuple[str, bool]:
-            index.ping()
-            return index.ensure_guard(self._anchor_guard)
-
-        try:
-            guard, lost = await self._on_redis_pool("health", check, wait_s=REDIS_WAIT_S)
-            up = True
-        except (AnchorIndexError, TimeoutError, RuntimeError) as exc:  # refused, timed out, or the last check still hangs
-            if self._anchor_up is not False:
-                log.warning("anchor index (Redis) is down: %s", exc or type(exc).__name__)
-            up = False
-        if up:
-            if lost:
-                log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s "
-                            "(refused from now on)", self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
-                self._anchor_lost.update(dict.fromkeys(self._anchor_batches))
-                while len(self._anchor_lost) > LOST_KEYS:
-                    del self._anchor_lost[next(iter(self._anchor_lost))]
-                self._anchor_batches.clear()
-            if self._anchor_up is False:
-                log.warning("anchor index (Redis) is back")
-            if guard != self._anchor_guard or lost:
-                self._anchor_guard = guard
-                await self.commits.durable(self.commits.changed())
-        if self._anchor_up is True and not up:
-            self._anchor_outages += 1
-        self._anchor_up = up
-        if self.metrics is not None:
-            self.metrics.set_anchor_index_up(up)
-        return up
+    # ------------------------------------------------------------- anchor index (Redis side: anchor_watch.py)
 
     # The lifecycle calls that reach the index run in their own concurrency group (a thread of
     # their own in the Ray actor), not on the event loop.
@@ -1166,23 +932,12 @@ class Orchestrator(AnchorLifecycle):
         return spec
 
 
-def _nothing() -> None:
-    pass
-
-
 def _anonymous_keys(keys: list[str | None], call_id: str | None) -> list[str | None]:
     """Keys for the groups without one (no round tag): ``anon:<call_id>:<position>`` with a call id,
     so a re-sent call is recognised; None (a fresh ``anon:<uuid>`` at each call) without."""
     if call_id is None or None not in keys:
         return keys
     return [k if k is not None else f"anon:{call_id}:{i}" for i, k in enumerate(keys)]
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={ANCHOR_GROUP: 1})(Orchestrator)
