@@ -219,17 +219,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
             raise ValueError(f"model_version: expected an integer in [0, {MAX_INT32}], got {short_repr(version)}")
         self.model_version = max(self.model_version, int(version))
 
-    # ------------------------------------------------------------------ tasks
-
-    # ------------------------------------------------------------------ end of data
-
-    # ------------------------------------------------------------------ rounds
-
-    # ------------------------------------------------------------------ submit
-
-    # ------------------------------------------------------------------ batches
-
-    # ------------------------------------------------------------------ views
+    # ------------------------------------------------------------------ views (tasks and rounds: rounds.py; groups in: submit.py; batches out: release.py)
     def stats(self) -> Stats:
         """The live counters as one typed record (see :class:`orchestrator.core.stats.Stats`)."""
         c = dict(self.counters)
@@ -288,10 +278,3 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
             revisit_due_in_picks=extra.get("revisit_due_in_picks"),
             selection_row=extra,
         )
-
-    # ------------------------------------------------------------------ state
-
-
-
-
-

@@ -196,7 +196,6 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             self.metrics.observe_batch(batch)
 
     # ------------------------------------------------------------- batches (in: submit.py, out: batches.py)
-
     async def submit_groups(
         self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None
     ) -> list[str] | np.ndarray:
@@ -460,7 +459,6 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         return self.metrics.exposition()
 
     # ------------------------------------------------------------- anchor index (Redis side: anchor_watch.py)
-
     # The lifecycle calls that reach the index run in their own concurrency group (a thread of
     # their own in the Ray actor), not on the event loop.
     @ray.method(concurrency_group=ANCHOR_GROUP)
