@@ -303,7 +303,7 @@ def _trajectory_layout(
     """
     describe = describe or (lambda i: f"trajectory {_r(traj_ids[i])}")
     t = dense_ids(traj_ids)
-    order = _consecutive_order(t, steps)
+    order = consecutive_order(t, steps)
     if order is None:  # a duplicate or a gap: sort, and name the first one below
         order = np.lexsort((steps, t))
     ts, ss = t[order], steps[order]
@@ -329,7 +329,7 @@ def _trajectory_layout(
     return order, ts, q, lengths
 
 
-def _consecutive_order(t: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
+def consecutive_order(t: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
     """``np.lexsort((steps, t))`` without sorting, when every trajectory's steps are distinct
     and consecutive (the valid case): each row's slot is its trajectory's start plus its step
     minus the trajectory's first step. None when that does not place every row in its own slot

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from algos.gigpo import _consecutive_order, encode_keys, normalise_from_moments
+from algos.gigpo import consecutive_order, encode_keys, normalise_from_moments
 from algos.groups import Norm, first_rows, group_value_order
 
 _U64 = np.uint64
@@ -100,7 +100,7 @@ class AnchorStep:
 _SEPARATORS = re.compile("[\x1e\x1f]")
 
 
-def _validate(steps: Sequence[AnchorStep | dict]) -> list[AnchorStep]:
+def validate_steps(steps: Sequence[AnchorStep | dict]) -> list[AnchorStep]:
     """The steps as :class:`AnchorStep` objects (field dicts converted), checked.
 
     Raises:
@@ -273,7 +273,7 @@ def trajectory_records(
             e, e, e, e.astype(np.uint64), e, e, np.zeros((0, 4)), task_names, state_names, 0, (e, e, e, e, ret, e.astype(bool))
         )
     traj, num_traj = encode_keys(tk, rn)
-    order = _consecutive_order(traj, st)  # (trajectory, step) order, without a sort when valid
+    order = consecutive_order(traj, st)  # (trajectory, step) order, without a sort when valid
     if order is None:
         order = np.lexsort((st, traj))
     ts, ss = traj[order], st[order]
@@ -325,12 +325,14 @@ def poll_complete(index: Any, batch_key: str, tasks: Sequence[str], n_runs: int,
         if not short:
             return
         if time.monotonic() >= deadline:
-            raise _incomplete(batch_key, short, n_runs, timeout_s)
+            raise incomplete_error(batch_key, short, n_runs, timeout_s)
         time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
         delay = min(delay * 2, 0.5)
 
 
-def _incomplete(batch_key: str, short: dict[str, int], n_runs: int, timeout_s: float) -> AnchorIndexError:
+def incomplete_error(batch_key: str, short: dict[str, int], n_runs: int, timeout_s: float) -> AnchorIndexError:
+    """The error of a query that waited ``timeout_s`` for groups still ``short`` of ``n_runs``
+    complete trajectories (shared by the index implementations)."""
     return AnchorIndexError(
         f"group_size: after {timeout_s:.0f}s these groups of batch {batch_key!r} still have fewer than {n_runs} "
         f"complete trajectories in the anchor index: {dict(list(short.items())[:5])}"
@@ -530,5 +532,6 @@ class AnchorIndex(ABC):
         return type(self).__name__
 
 
-def _histogram(sizes: Iterable[int]) -> dict[int, int]:
+def size_histogram(sizes: Iterable[int]) -> dict[int, int]:
+    """``{group size: groups of that size}``, sizes ascending (the ``group_size_histogram`` of ``stats``)."""
     return dict(sorted(Counter(int(s) for s in sizes).items()))

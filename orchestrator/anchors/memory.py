@@ -16,9 +16,9 @@ from orchestrator.anchors.index import (
     AnchorStep,
     InsertReceipt,
     TrajectoryRecords,
-    _histogram,
-    _incomplete,
-    _validate,
+    incomplete_error,
+    size_histogram,
+    validate_steps,
 )
 
 
@@ -99,7 +99,7 @@ class MemoryAnchorIndex(AnchorIndex):
     def _insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> dict[tuple[str, int], int]:
         """Store the steps not stored yet (all or nothing: a conflict refuses the call); returns
         the count of new steps of each trajectory ``(task, run)`` that got any."""
-        steps = _validate(steps)
+        steps = validate_steps(steps)
         with self._lock:
             self._expire()
             b = self._batches.setdefault(batch_key, _MemBatch())
@@ -147,7 +147,7 @@ class MemoryAnchorIndex(AnchorIndex):
         """
         short = self.await_complete(batch_key, tasks, n_runs, timeout_s)
         if short:
-            raise _incomplete(batch_key, short, n_runs, timeout_s)
+            raise incomplete_error(batch_key, short, n_runs, timeout_s)
 
     def await_complete(self, batch_key: str, tasks: Sequence[str], n_runs: int, timeout_s: float) -> dict[str, int]:
         """Wait on the index's condition (notified by every insert) until every task has
@@ -194,7 +194,7 @@ class MemoryAnchorIndex(AnchorIndex):
                 "batches": len(self._batches),
                 "entries": sum(len(b.steps) for b in self._batches.values()),
                 "groups": len(sizes),
-                "group_size_histogram": _histogram(sizes),
+                "group_size_histogram": size_histogram(sizes),
             }
 
     def drop(self, batch_key: str) -> int:

@@ -21,9 +21,9 @@ from orchestrator.anchors.index import (
     AnchorStep,
     InsertReceipt,
     TrajectoryRecords,
-    _histogram,
-    _incomplete,
-    _validate,
+    incomplete_error,
+    size_histogram,
+    validate_steps,
 )
 
 _EPOCH_LUA = (Path(__file__).with_name("epoch.lua")).read_text()
@@ -293,7 +293,7 @@ class RedisAnchorIndex(AnchorIndex):
     def insert(self, batch_key: str, steps: Sequence[AnchorStep | dict]) -> int:
         import redis
 
-        steps = _validate(steps)
+        steps = validate_steps(steps)
         if not steps:
             return 0
         self._check_guard(batch_key, "insert")
@@ -432,7 +432,7 @@ class RedisAnchorIndex(AnchorIndex):
         while short:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _incomplete(batch_key, short, n_runs, timeout_s)
+                raise incomplete_error(batch_key, short, n_runs, timeout_s)
             block_ms = max(1, int(min(left, 0.8 * self.socket_timeout) * 1000))  # below the socket timeout
             reply = self._read(
                 f"wait for complete groups of batch {batch_key!r}",
@@ -540,7 +540,7 @@ class RedisAnchorIndex(AnchorIndex):
                 "batches": live,
                 "entries": entries,
                 "groups": len(sizes),
-                "group_size_histogram": _histogram(sizes),
+                "group_size_histogram": size_histogram(sizes),
             }
 
         return self._read("stats", read)

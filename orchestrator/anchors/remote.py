@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from orchestrator.anchors.index import _incomplete
+from orchestrator.anchors.index import incomplete_error
 from orchestrator.anchors.memory import MemoryAnchorIndex
 
 __all__ = ["MemoryIndexActor", "RemoteAnchorIndex", "serve_memory_index"]
@@ -63,7 +63,7 @@ class RemoteAnchorIndex:
             if not short:
                 return
             if time.monotonic() >= deadline:
-                raise _incomplete(batch_key, short, n_runs, timeout_s)
+                raise incomplete_error(batch_key, short, n_runs, timeout_s)
 
     def __repr__(self) -> str:
         return f"RemoteAnchorIndex({self._handle!r})"

@@ -44,3 +44,11 @@ def describe_errors(errors: Iterable[dict], *, root: str = "", with_input: bool 
 
 _NO_INPUT = frozenset({"missing", "value_error"})
 """Error types whose pydantic ``input`` is not the offending value (see :func:`describe_errors`)."""
+
+
+class ReplenishCapError(RuntimeError):
+    """The replenish-round cap was hit under ``on_cap='raise'``. The open batch is kept."""
+
+
+class DataExhaustedError(RuntimeError):
+    """No task is left to roll out (``max_epochs`` or ``max_rollouts`` reached) and no batch remains."""

@@ -203,3 +203,8 @@ class TaskStats(BaseModel):
     selection_row: dict[str, float | int] = Field(
         default_factory=dict, description="The active selection's own fields for this task (e.g. greso_keep_probability)."
     )
+
+
+def ratio(num: float, den: float) -> float | None:
+    """``num / den``, None when ``den`` is 0 (a rate with nothing to count)."""
+    return num / den if den else None

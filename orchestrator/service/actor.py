@@ -16,20 +16,26 @@ Anchor index (GiGPO): created with ``anchor_index={"redis_url": ..., "prefix": .
 part). Workers write and query the index itself, opened with
 :func:`orchestrator.anchors.owner.orchestrator_anchor_index` (Redis, or the memory index's
 own Ray actor ``<name>-anchors``).
+
+Where things live: this module is the Ray shell (the public calls, the lock, the factory
+:func:`get_or_create_orchestrator`); :class:`Orchestrator` is composed of parts, one job each:
+
+- :mod:`orchestrator.service.submit`: groups in (list and table routes, keys, slices, rolling a round);
+- :mod:`orchestrator.service.batches`: batches out (ready queue, hand-out, ``next_batch``, end of data);
+- :mod:`orchestrator.service.persist`: commits (prepare, write, roll back, load, the retry window);
+- :mod:`orchestrator.service.attachment`: the attached run, pinned fields and policy writes;
+- :mod:`orchestrator.service.anchor_watch`: the anchor index's Redis executor and health watch;
+- :mod:`orchestrator.service.names`: names, limits and error types others import without the actor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import gc
 import logging
-import operator
 import time
-import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,101 +45,40 @@ import ray
 from algos.dapo import GroupReason, InvalidGroupError
 from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
-from orchestrator.anchors.redis_index import RedisAnchorIndex
-from orchestrator.core.machine import DataExhaustedError, OrchestratorCore, RoundPlan, trajectory_rollouts
+from orchestrator.core.machine import OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.passrate import task_tags
-from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
-from orchestrator.core.rows import GroupRows
+from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
-from orchestrator.core.table import table_error
-from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike, group_key
-from orchestrator.rollout.screening import screened_generate
+from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
 from orchestrator.rollout.source import RolloutSource
+from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
+from orchestrator.service.attachment import Attachment, check_judge
+from orchestrator.service.batches import BatchHandOut
 from orchestrator.service.commits import GroupCommit
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
+from orchestrator.service.names import (  # noqa: F401 - re-exported: importers of the actor find them here too
+    DEFAULT_NAME,
+    DEFAULT_NAMESPACE,
+    RETRIES,
+    RETRY_WINDOW,
+    OrchestratorUnavailable,
+    PinnedPolicyError,
+    PolicyConflictError,
+    RunConflictError,
+)
+from orchestrator.service.persist import Persistence
 from orchestrator.service.sink import BatchSink, SQLiteSink
-from orchestrator.service.store import Change, Saved, StateStore
-
-DEFAULT_NAME = "dso-orchestrator"
-DEFAULT_NAMESPACE = "trinity-dso"
+from orchestrator.service.store import StateStore
+from orchestrator.service.submit import COMMIT_ROLLOUTS, SLICE_ROLLOUTS, Submission  # noqa: F401 - named in docstrings
 
 log = logging.getLogger("trinity_dso.actor")
-
-RETRIES = 3
-"""Ray's retries (``max_task_retries``) of a read when the actor died under it. Calls that change
-state are never retried by Ray (a refusal while the actor restarts spends a retry, and Ray would
-re-send a call without its caller knowing): callers re-send them with the same ``call_id``
-through :class:`orchestrator.service.calls.ActorCalls` (see docs/durability-faults.md)."""
-
-REDIS_TIMEOUT_S = 0.5
-"""Socket timeout of the actor's own Redis client, in seconds (one attempt; reads are tried twice):
-a hung Redis is seen as down within about a second, never ties up a thread for long."""
-
-REDIS_THREADS = 2
-"""Threads of the actor's Redis executor (health check, stats, expiry): Redis-bound work never
-waits in, or fills, the pool that writes commits."""
-
-REDIS_WAIT_S = 2.0
-"""How long the health check and ``metrics_text`` wait for a Redis answer before reporting the
-index down (the health check) or leaving the index's gauges as they were (``metrics_text``)."""
-
-LOST_KEYS = 100_000
-"""Anchor batch keys remembered as lost with Redis's data (refused by ``anchor_register``)."""
-_KEY, _REASON, _SIZE = operator.attrgetter("key"), operator.attrgetter("reason"), operator.attrgetter("size")
 
 ANCHOR_GROUP = "anchor_index"
 """Ray concurrency group of the anchor-index lifecycle calls (one thread, off the event loop)."""
 
-SLICE_ROLLOUTS = 256
-"""Rollouts handled per slice of a submit; the actor answers other calls between slices."""
 
-COMMIT_ROLLOUTS = 4096
-"""A large submit commits after about this many rollouts (and at its end)."""
-
-RETRY_WINDOW = 1_000_000
-"""Group keys remembered to recognise a re-submitted group (the default ``retry_window``): about
-126 MB in memory and 2 s of loading at a restart per million. A resumed Trinity explorer
-re-submits the explore steps since its last checkpoint, a few thousand to tens of thousands of
-groups in usual runs."""
-
-
-class OrchestratorUnavailable(RuntimeError):
-    """The orchestrator actor is missing, dead or did not answer in time."""
-
-
-class PolicyConflictError(ValueError):
-    """A policy write based on a stale revision (the REST layer maps it to 409)."""
-
-
-class PinnedPolicyError(PolicyConflictError):
-    """A policy write that would change a field an attached run has pinned (409, naming the field)."""
-
-
-class RunConflictError(RuntimeError):
-    """A second run (or a different task set) tried to attach to an orchestrator that serves another run."""
-
-
-def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
-    """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
-
-    A source declares what it writes in ``metric_names`` (a tuple); sources that do not
-    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked.
-
-    Raises:
-        InvalidPolicyError: names ``filter.judge``, the value and the source's metrics.
-    """
-    judge = policy.filter.judge
-    names = getattr(rollout_source, "metric_names", None)
-    if judge in ("reward", "auto") or names is None or judge in names:
-        return
-    raise InvalidPolicyError(
-        f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
-        f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
-    )
-
-
-class Orchestrator(AnchorLifecycle):
+class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatch):
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
@@ -240,32 +185,6 @@ class Orchestrator(AnchorLifecycle):
         self._observe()
         _freeze_startup_heap()
 
-    def _load(self) -> None:
-        """Restore the last committed state (start, or after a failed commit; with nothing
-        committed yet, the state of a new orchestrator: a failed first commit leaves nothing)."""
-        found = self.store.load() if self.store is not None else None
-        saved = found if found is not None else Saved(0, {})  # nothing committed: a new orchestrator's state
-        if found is not None:
-            self.core.load_state_dict(saved.state, saved.groups)
-        self._anchor_load_state_dict(saved.state)
-        self._anchor_guard = saved.state.get("anchor_guard")
-        self._anchor_lost = dict.fromkeys(saved.state.get("anchor_lost") or ())
-        self.attachment = dict(saved.state.get("attachment") or {})
-        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
-        self._seen_order = deque(self._seen)  # oldest first (the file's commit order); trimmed by the next submit
-        self._new_seen, self._new_batches, self._handed = {}, [], []
-        self._last_call, self._new_call = saved.last_call, None
-        call = saved.state.get("tasks_call")
-        self._tasks_call = (call[0], list(call[1])) if call else None
-        if found is None:
-            return
-        log.warning(
-            "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
-            "saved policy replaces the configured one; delete the file to start afresh)",
-            self.store.path, saved.seq, self.core.batch_id, self.core.policy_revision,
-            len(self._stored), len(self.ready),
-        )
-
     # ------------------------------------------------------------- internals
     def _observe(self, batch: Batch | None = None) -> None:
         """After a change: expire old anchor batches, and record a released batch in the metrics'
@@ -276,163 +195,7 @@ class Orchestrator(AnchorLifecycle):
         if self.metrics is not None and batch is not None:
             self.metrics.observe_batch(batch)
 
-    def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        """Take everything changed since the last commit (clearing it), for :class:`GroupCommit`:
-        ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
-        (at least once: a crash before the commit writes them again), then the change to the
-        store in one transaction: new group keys, newly held groups (written once), released
-        groups, emitted batches, hand-outs and the small state. What the event loop may change
-        while ``write`` runs in a worker thread is taken now: the per-task columns that changed
-        (:meth:`StateStore.stage`) and the newly held groups, packed. ``done`` records which held
-        groups the store now has."""
-        batches, self._new_batches = self._new_batches, []
-        seen, self._new_seen = self._new_seen, {}
-        handed, self._handed = self._handed, []
-        call, self._new_call = self._new_call, None
-        external = batches if self.store is None or self.store.sink is None else []
-        if self.store is None:
-            return functools.partial(self._write, None, external), _nothing
-        carry, candidates = self.core.carry, self.core.candidates
-        held = set(carry.keys)
-        held.update(candidates.keys)
-        state = self.core.state(payloads=False)
-        state.update(self._anchor_state_dict())
-        state["attachment"] = dict(self.attachment)
-        if self._tasks_call is not None:
-            state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
-        if self._anchor_guard is not None:
-            state["anchor_guard"] = self._anchor_guard
-        if self._anchor_lost:
-            state["anchor_lost"] = list(self._anchor_lost)
-        small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
-        stored = self._stored
-        new = [rows.take(~np.fromiter(map(stored.__contains__, rows.keys), bool, len(rows))) for rows in (carry, candidates)]
-        change = Change(
-            small, columns, seen=seen, hold=GroupRows.concat(*new).pack(),  # packed now, as staged
-            release=list(stored - held), batches=batches, handed=handed, call=call,
-        )
-
-        def done() -> None:
-            self._stored = held
-
-        return functools.partial(self._write, change, external), done
-
-    def _write(self, change: Change | None, external: list[Batch]) -> None:
-        """The I/O of a commit (also run in a worker thread): an external sink, then the store."""
-        if self.sink is not None:
-            for b in external:
-                self.sink.write(b)
-        if change is not None:
-            self.store.commit(change)
-
-    def _rollback(self) -> None:
-        """After a failed commit: back to the last commit written."""
-        if self.store is not None:
-            log.exception("commit to %s failed: back to the last commit", self.store.path)
-            self._record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
-            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
-                                         task_tags=self.core.passrate.task_tags())
-            self.ready = []
-            self._load()
-
-    def _finish(self, batch: Batch) -> None:
-        """Record an emitted batch: ready to hand out, written by the next commit."""
-        batch.fill_seconds = time.monotonic() - self._batch_started if self._batch_started else 0.0
-        self._batch_started = None
-        batch.seal()  # final from here: the commit and the reply pickle it once
-        self._new_batches.append(batch)
-        self.ready.append(batch)
-        self._observe(batch)
-
-    def _hand_out(self) -> Batch | None:
-        """Take the oldest ready batch; the caller returns it once the hand-out is committed
-        (``commits.durable`` of the change count after it, outside the lock: concurrent calls share
-        commits; if that commit fails, the batch is ready again, see :meth:`_rollback`)."""
-        if not self.ready:
-            return None
-        batch = self.ready.pop(0)
-        self._handed.append(batch.batch_id)
-        self.commits.changed()
-        return batch
-
-    # ------------------------------------------------------------- batches
-    async def next_batch(self, timeout_s: float | None = None, call_id: str | None = None) -> Batch | None:
-        """Fill and return the next batch, running rounds through the rollout source.
-
-        Returns None when ``timeout_s`` passes while replenishment is paused. At the end of
-        data (``max_epochs`` / ``max_rollouts``) the kept groups come out as a last batch per
-        ``on_cap``; the call after that raises :class:`DataExhaustedError`.
-
-        ``call_id``: as for :meth:`pop_batch`, a re-sent call whose first attempt handed out a
-        batch gets that batch again. Without an id (at most once), a batch handed out by a call
-        whose reply is lost stays handed out (it is in the sink).
-        Raises:
-            ReplenishCapError: cap hit under ``on_cap='raise'`` (the open batch is kept).
-            DataExhaustedError: no task left and no batch to release.
-            RuntimeError: no rollout source is attached.
-        """
-        self._start_watch()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            out = None
-            async with self._lock:
-                if again := self._answered(call_id):  # a re-sent call whose first attempt was committed
-                    return again[0]
-                if not self.ready and (batch := self.core.try_emit()) is not None:
-                    self._finish(batch)
-                if self.ready:
-                    out = self._hand_out()
-                elif self.rollout_source is None:
-                    raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
-                elif self.core.cap_reached():
-                    self._finish(self.core.close_at_cap())
-                    out = self._hand_out()
-                elif not (blocked := self.core.replenish_blocked()) and self.core.exhausted():
-                    self._finish_last()
-                    out = self._hand_out()
-                elif not blocked:
-                    if self._batch_started is None:
-                        self._batch_started = time.monotonic()
-                    plan = self.core.plan_round()
-                    version = self.core.model_version
-                    screen = self.core.screen_mask(plan.task_ids)
-                if out is not None:
-                    self._remember(call_id, [out])
-                mine = self.commits.pending
-            if out is not None:
-                await self.commits.durable(mine)
-                return out
-            if blocked:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                await asyncio.sleep(0.05)
-                continue
-            # the rollouts run without the lock: policy, stats and pings are answered meanwhile
-            tasks = [self.task_set.get(t) for t in plan.task_ids]
-            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screen)
-            for g in groups:
-                g.purpose, g.round = plan.purpose, plan.round
-            async with self._lock:
-                if screens is not None:
-                    self.core.record_screens(screens.screened, screens.stopped_task_ids, screens.stopped_correct,
-                                             screens.stopped_trials)
-                await self._submit(groups, emit=False)
-                mine = self.commits.pending
-            await self.commits.durable(mine)
-
-    def _roll(self, tasks: list, version: int, round_tag: str, screen: np.ndarray) -> tuple[list[Group], Any]:
-        """Roll one planned round through the rollout source (off the lock), with screens for the
-        tasks ``screen`` marks (:mod:`orchestrator.rollout.screening`). Returns the groups and the
-        screens' result (None without screens), which the caller records under the lock."""
-        p = self.core.policy
-        if not screen.any():
-            return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag), None
-        f = p.filter
-        res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screen, judge=f.judge,
-                                correct_threshold=f.correct_threshold, model_version=version, round_tag=round_tag,
-                                std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
-        return res.groups, res
-
+    # ------------------------------------------------------------- batches (in: submit.py, out: batches.py)
     async def submit_groups(
         self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None
     ) -> list[str] | np.ndarray:
@@ -489,172 +252,6 @@ class Orchestrator(AnchorLifecycle):
         """
         return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id, held=held)
 
-    async def _submit_call(
-        self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool, call_id: str | None = None,
-        held: bool = False,
-    ) -> tuple[Any, list[Batch]] | tuple[Any, list[Batch], list[str]]:
-        """Submit a list or a table and, with ``pop``, take every ready batch; return the labels
-        and the batches (and with ``held`` the held refs) once a commit covers them (outside the
-        lock: concurrent calls share it)."""
-        self._start_watch()
-        async with self._lock:
-            if isinstance(groups, GroupTable):
-                labels = await self._submit_table(groups, on_invalid, call_id=call_id)
-            else:
-                labels = await self._submit(groups, on_invalid, call_id=call_id)
-            batches = self._answered(call_id) or []  # a retry of a committed call: its batches again
-            fresh = []
-            while pop and (batch := self._hand_out()) is not None:
-                fresh.append(batch)
-            batches += fresh
-            if fresh:
-                self._remember(call_id, batches)
-            refs = self.held_refs() if held else None
-            mine = self.commits.pending
-        await self.commits.durable(mine)
-        return (labels, batches, refs) if held else (labels, batches)
-
-    @staticmethod
-    def _slices(items: list, rollouts: Any) -> list[list]:
-        out: list[list] = [[]]
-        size = 0
-        for item in items:
-            if out[-1] and size >= SLICE_ROLLOUTS:
-                out.append([])
-                size = 0
-            out[-1].append(item)
-            size += rollouts(item)
-        return out if out[0] else []
-
-    async def _submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True,
-                      call_id: str | None = None) -> list[str]:
-        """Validate, deduplicate and submit ``groups`` in slices, committing as it goes.
-
-        ``emit``: release every full batch into the ready queue (``submit_groups``, whose
-        callers pop batches). ``next_batch`` passes False: it releases one batch per call, so
-        surplus informative groups stay carried over and are judged for staleness (against
-        the model version of the moment) when their batch is assembled.
-        """
-        if not isinstance(groups, list):
-            raise InvalidGroupError(f"groups: expected a list of groups, got {type(groups).__name__}")
-        if on_invalid not in ("raise", "drop"):
-            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
-        n_of = lambda g: len(getattr(g, "rollouts", None) or ()) + 1  # noqa: E731
-        checked: list = [None] * len(groups)
-        if on_invalid == "raise":  # all checked before anything changes
-            checked = []
-            for part in self._slices(groups, n_of):
-                checked.extend(self.core.check_groups(part))
-                await asyncio.sleep(0)
-        keys = []
-        for g in groups:
-            try:
-                keys.append(group_key(g))
-            except Exception:  # an invalid group (dropped below under on_invalid="drop") has no identity
-                keys.append(None)
-        keys = _anonymous_keys(self._call_keys(keys), call_id)
-        fresh = []
-        for g, k, values in zip(groups, keys, checked):
-            if k is not None and k in self._seen:
-                g.reason = self._seen[k]
-                continue
-            g.key = k if k is not None else f"anon:{uuid.uuid4().hex}"
-            fresh.append((g, values))
-        parts = self._slices(fresh, lambda item: n_of(item[0]))
-
-        def submit(i: int) -> tuple[list[str], list[str], int]:
-            part = parts[i]
-            checked = [c for _, c in part] if on_invalid == "raise" else None
-            # the slices of one call are one round
-            done = self.core.submit([g for g, _ in part], on_invalid=on_invalid, checked=checked, new_round=i == 0)
-            return list(map(_KEY, done)), list(map(_REASON, done)), sum(map(_SIZE, done))
-
-        await self._submit_parts(len(parts), submit, emit)
-        return [g.reason for g in groups]
-
-    async def _submit_table(self, table: GroupTable, on_invalid: str, *, emit: bool = True,
-                            call_id: str | None = None) -> np.ndarray:
-        """:meth:`_submit` of a table: the same identities (:meth:`GroupTable.keys`), with the rows
-        checked and accepted in one vectorised pass (no per-rollout objects, no slices).
-
-        The call is one round, whatever it releases: a batch released by it does not start a
-        new round within it (the list route releases between slices of about
-        :data:`SLICE_ROLLOUTS` rollouts and counts the rest of the call as the next batch's first
-        round). Batches are the same either way; round counters and the padding candidates of
-        a batch released inside a call can differ.
-        """
-        if not isinstance(table, GroupTable):
-            raise InvalidGroupError(f"groups: expected a GroupTable, got {type(table).__name__}")
-        if on_invalid not in ("raise", "drop"):
-            raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
-        keys = _anonymous_keys(self._call_keys(table.keys()), call_id)
-        labels = list(map(self._seen.get, keys))  # None for a new key (and for None: no key is None)
-        fresh = [i for i, label in enumerate(labels) if label is None]
-        todo = table.take(fresh) if len(fresh) < len(table) else table
-        checked = None
-        if on_invalid == "raise" and fresh:  # all checked before anything changes
-            checked = self.core.check_table(todo)
-            if checked.errors:
-                raise table_error(checked.errors)
-        held = [k if k is not None else f"anon:{uuid.uuid4().hex}" for k in map(keys.__getitem__, fresh)]
-
-        def submit(_: int) -> tuple[list[str], list[str], int]:  # one vectorised pass: the whole call is one round
-            rows = self.core.submit_table(todo, on_invalid, checked=checked, keys=held)
-            if len(fresh) == len(labels):
-                labels[:] = rows.reasons
-            else:
-                for row, reason in zip(fresh, rows.reasons):
-                    labels[row] = reason
-            return held, rows.reasons, sum(rows.sizes)
-
-        await self._submit_parts(1 if fresh else 0, submit, emit)
-        return np.array(labels, dtype=str)
-
-    @staticmethod
-    def _call_keys(keys: list[str | None]) -> list[str | None]:
-        """A task drawn twice in one round: its second group is ``<key>#1`` (the same again on a retry)."""
-        if len(set(keys)) == len(keys):  # no key repeats (the usual case): the keys as they are
-            return keys
-        counts = Counter(keys)
-        repeated = {k for k, c in counts.items() if c > 1 and k is not None}
-        occurrences: dict[str, int] = defaultdict(int)
-        out = list(keys)
-        for i in [i for i, k in enumerate(keys) if k in repeated]:  # only the repeated keys are renamed
-            k = keys[i]
-            occurrences[k] += 1
-            if occurrences[k] > 1:
-                out[i] = f"{k}#{occurrences[k] - 1}"
-        return out
-
-    async def _submit_parts(self, count: int, submit: Any, emit: bool) -> None:
-        """Run ``submit(i)`` for each slice ``i`` of one call (one round; it returns the slice's
-        keys, labels and rollouts): record the labels, release full batches (``emit``), commit
-        every :data:`COMMIT_ROLLOUTS` rollouts; the end is committed by the caller's
-        ``commits.durable``, after it releases the lock."""
-        if count and self._batch_started is None:
-            self._batch_started = time.monotonic()
-        uncommitted = 0
-        for i in range(count):
-            keys, reasons, rollouts = submit(i)
-            labels = dict(zip(keys, reasons))
-            self._seen.update(labels)
-            self._new_seen.update(labels)
-            self._seen_order.extend(labels)  # new keys only: the fresh groups of one call, keys unique
-            while len(self._seen_order) > self.retry_window:  # forget the oldest (O(1) each, no stall)
-                self._seen.pop(self._seen_order.popleft(), None)
-            while emit and (batch := self.core.try_emit()) is not None:
-                self._finish(batch)
-                self._batch_started = time.monotonic() if self.core.carry else None
-            uncommitted += rollouts
-            if i == count - 1:  # the caller waits for it outside the lock (commits.durable)
-                self.commits.changed()
-                self._observe()
-            elif uncommitted >= COMMIT_ROLLOUTS:
-                await self.commits.commit_async()
-                self._observe()
-                uncommitted = 0
-            await asyncio.sleep(0)
-
     async def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
         """Group experiences by ``(eid.task, eid.round_tag)`` (one group per task and round, in run
         order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group).
@@ -676,90 +273,10 @@ class Orchestrator(AnchorLifecycle):
         ]
         return await self.submit_groups(groups)
 
-    async def pop_batch(self, call_id: str | None = None) -> Batch | None:
-        """The oldest emitted batch not yet handed out, if any (never blocks, never rolls out).
-
-        The hand-out is committed before the batch is returned: a batch is handed out once. None
-        is answered at once, without waiting for other calls' commits (it changed nothing; the
-        two-call pattern, submit then pop until None, 49,100-49,800 -> 51,200-51,500 groups/s
-        from 16 callers). ``call_id``: as for :meth:`submit_and_pop`, a retry of a committed
-        call gets its batch again.
-        """
-        return await self._hand_out_call(call_id)
-
-    async def _hand_out_call(self, call_id: str | None, make: Callable[[], None] | None = None) -> Batch | None:
-        """Hand out the oldest ready batch, after ``make()`` (which may emit one) when none is
-        ready and ``make`` is given; with ``call_id``, answer a retry of a committed call with
-        the batch it handed out."""
-        async with self._lock:
-            again = self._answered(call_id)
-            if again:
-                batch = again[0]
-            else:
-                if not self.ready and make is not None:
-                    make()
-                batch = self._hand_out()
-                if batch is not None:
-                    self._remember(call_id, [batch])
-            if batch is None and make is None:  # an empty pop changed nothing: no commit to wait for
-                return None
-            mine = self.commits.pending
-        await self.commits.durable(mine)
-        return batch
-
-    def _answered(self, call_id: str | None) -> list[Batch] | None:
-        """The batches that the committed call ``call_id`` handed out (a retry), else None."""
-        if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
-            return list(self._last_call[1])
-        return None
-
-    def _remember(self, call_id: str | None, batches: list[Batch]) -> None:
-        """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
-        if call_id is not None:
-            self._last_call = self._new_call = (call_id, batches)
-
     @ray.method(max_task_retries=RETRIES)
     def exhausted(self) -> bool:
         """True once ``max_epochs`` / ``max_rollouts`` allow no further round (see :meth:`finish_batch`)."""
         return self.core.exhausted()
-
-    async def finish_batch(self, call_id: str | None = None) -> Batch:
-        """At the end of data, release the kept groups as the last batch (per ``on_cap``).
-
-        Batches already emitted and not handed out come first. ``call_id``: as for
-        :meth:`pop_batch`.
-        Raises:
-            DataExhaustedError: nothing is kept (the padding candidates are dropped); the data
-                is over for good. Its message names the limit reached.
-            ReplenishCapError: ``on_cap='raise'`` and the kept groups are short of a batch.
-        """
-        return await self._hand_out_call(call_id, self._finish_last)
-
-    def _finish_last(self) -> None:
-        batch = self.core.finish()
-        if batch is None:
-            p, c = self.core.policy, self.core.counters
-            self.commits.commit()
-            self._observe()
-            raise DataExhaustedError(
-                f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
-                f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
-            )
-        self._finish(batch)
-
-    async def close_batch(self, call_id: str | None = None) -> Batch | None:
-        """Close the open batch now as the cap would (pad / partial / raise), for external drivers.
-
-        Batches already emitted and not handed out come first. ``call_id``: as for :meth:`pop_batch`."""
-        return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
-
-    async def _committed(self, change: Callable[[], Any]) -> Any:
-        """``change()`` under the lock, returned once a commit covers it."""
-        async with self._lock:
-            out = change()
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
-        return out
 
     async def plan_round(self) -> RoundPlan:
         """Plan the next round for an external explorer (e.g. Trinity's task selector); returns
@@ -825,52 +342,6 @@ class Orchestrator(AnchorLifecycle):
         await self.commits.durable(mine)
         return out
 
-    def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
-                    pinned_by: str) -> dict:
-        bound = self.attachment.get("run")
-        if bound is not None and bound != run:
-            raise RunConflictError(
-                f"run: orchestrator serves run {bound!r}; run {run!r} must use its own actor_name "
-                "(one orchestrator per run, so that each run's groups, history and metrics stay apart)"
-            )
-        if num_tasks is not None and len(self.core.task_ids) != int(num_tasks):
-            raise RunConflictError(
-                f"num_tasks: run {run!r} has {num_tasks} tasks but this orchestrator was created with "
-                f"{len(self.core.task_ids)}; use another actor_name or delete its checkpoint"
-            )
-        pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
-        changes = {k: v for k, v in pinned.items() if getattr(self.core.policy, k) != v}
-        self.attachment.update(run=run, pinned=pinned, pinned_by=pinned_by)
-        if changes:
-            self._apply_policy(self.core.policy.updated(changes), changes)
-        requeued: list[str] = []
-        if role == "selector" and self.attachment.get("selector_session") != session:
-            if self.attachment.get("selector_session") is not None:
-                requeued = self.core.requeue_in_flight()
-                log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
-                            run, session, len(requeued))
-            self.attachment["selector_session"] = session
-        if role == "operator" and self.attachment.get("operator_session") != session:
-            self._operator_restarted(run, session)
-        log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
-        return {"run": run, "pinned": dict(pinned), "requeued": requeued,
-                "unconfirmed": dict(self.attachment.get("unconfirmed") or {})}
-
-    def _operator_restarted(self, run: str, session: str) -> None:
-        """A new operator session (a new explorer process): name the batches handed to the previous
-        session's last call. Nothing tells whether its pipeline wrote them to Trinity's buffer
-        before it died, and they are not handed out again (at most once: handing them out again
-        would duplicate every batch the dead pipeline had written, a far likelier case)."""
-        before = self.attachment.get("operator_session")
-        self.attachment["operator_session"] = session
-        if before is None or self._last_call is None or not self._last_call[0].startswith(f"{before}:"):
-            return
-        ids = [int(b.batch_id) for b in self._last_call[1]]
-        self.attachment["unconfirmed"] = {"session": before, "batch_ids": ids}
-        log.warning("run %s: explorer restarted (operator session %s); batches %s, handed to the previous "
-                    "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
-                    run, session, ids)
-
     @ray.method(max_task_retries=RETRIES)
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
@@ -914,44 +385,6 @@ class Orchestrator(AnchorLifecycle):
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return out
-
-    def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
-        if not isinstance(changes, dict):
-            raise InvalidPolicyError(f"policy: expected an object of fields, got {type(changes).__name__}")
-        if expected_revision is not None and expected_revision != self.core.policy_revision:
-            raise PolicyConflictError(
-                f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
-            )
-        new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
-        check_judge(new, self.rollout_source)
-        if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
-            raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
-                                     "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
-                                     "group (docs/sampling.md); the policy is unchanged")
-        pinned = self.attachment.get("pinned") or {}
-        broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
-                  for k, v in pinned.items() if getattr(new, k) != v]
-        if broken:
-            raise PinnedPolicyError(
-                "; ".join(broken) + f" ({self.attachment.get('pinned_by') or 'the trainer batch size depends on it'}); "
-                "the policy is unchanged"
-            )
-        self._apply_policy(new, changes)
-        return self.get_policy()
-
-    def _apply_policy(self, new: ResamplingPolicy, changes: dict) -> None:
-        try:
-            self.core.set_policy(new)
-        except ValueError as err:
-            raise InvalidPolicyError(str(err)) from None
-        log.info("policy revision %d: %s", self.core.policy_revision, changes)
-        self._observe()
-
-    async def pause_replenish(self) -> dict:
-        return await self.set_policy({"replenish_paused": True})
-
-    async def resume_replenish(self) -> dict:
-        return await self.set_policy({"replenish_paused": False})
 
     @ray.method(max_task_retries=RETRIES)
     async def set_model_version(self, version: int) -> None:
@@ -1025,123 +458,7 @@ class Orchestrator(AnchorLifecycle):
                 pass
         return self.metrics.exposition()
 
-    # ------------------------------------------------------------- anchor index: never on the event loop
-    # Every call that may reach Redis (stats, drop, expiry, health) runs in a worker thread, so a
-    # hung or dead Redis (socket timeouts, retries: seconds) never stalls pings, stats or submits.
-    def _anchor_redis(self) -> RedisAnchorIndex | None:
-        return self.anchor if isinstance(self.anchor, RedisAnchorIndex) else None
-
-    def _anchor_changed(self) -> None:
-        """The tracked batch keys changed (maybe in a worker thread): commit on the event loop."""
-        loop = self._loop
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            loop.call_soon_threadsafe(self.commits.commit)
-        else:
-            self.commits.commit()
-
-    def _on_redis_pool(self, name: str, fn: Any, *args: Any, wait_s: float | None = None) -> Any:
-        """``fn(*args)`` on the actor's Redis executor (:data:`REDIS_THREADS` threads of its own):
-        awaitable, waiting at most ``wait_s`` (``asyncio.TimeoutError`` then; the job runs on).
-        One job per ``name`` at a time: while one is queued or running, ``RuntimeError`` (a hung
-        Redis never piles jobs up)."""
-        if name in self._redis_busy:
-            raise RuntimeError(f"anchor index: a {name} job is still queued or running")
-        if self._redis_pool is None:
-            self._redis_pool = concurrent.futures.ThreadPoolExecutor(REDIS_THREADS, thread_name_prefix="dso-redis")
-        self._redis_busy.add(name)
-        future = self._redis_pool.submit(fn, *args)
-        future.add_done_callback(lambda _: self._redis_busy.discard(name))
-        return asyncio.wait_for(asyncio.wrap_future(future), wait_s)
-
-    def _anchor_in_background(self, fn: Any) -> None:
-        """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use):
-        with Redis on the Redis executor, skipped while the last such job is still running (it
-        may outlive an ``asyncio.run`` of the call that started it)."""
-        if self.anchor is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn()
-            return
-        self._loop = loop
-        if self._anchor_redis() is None:  # the memory index: no Redis to hang on
-            loop.run_in_executor(None, fn)
-            return
-        try:
-            job = self._on_redis_pool(getattr(fn, "__name__", "job"), fn)
-        except RuntimeError:
-            return
-        loop.create_task(self._quietly(job))
-
-    async def _quietly(self, job: Any) -> None:
-        try:
-            await job
-        except Exception as exc:  # noqa: BLE001 - a background job's failure is logged and counted
-            log.warning("anchor index background job failed: %s", exc)
-            self._record_error("anchor_index", str(exc))
-
-    def _start_watch(self) -> None:
-        """Start the Redis health check once an event loop runs (idempotent)."""
-        if self._anchor_redis() is None or self._watch is not None:
-            return
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._watch = self._loop.create_task(self._watch_anchor_index())
-
-    async def _watch_anchor_index(self, up_every_s: float = 5.0, down_every_s: float = 1.0) -> None:
-        """Ping Redis (on the Redis executor) every few seconds: report outages, and on recovery
-        check the run's guard key, so batches lost with Redis's data are forgotten, never served.
-
-        A check not answered within :data:`REDIS_WAIT_S` reports the index down (a hung Redis is
-        down within a few seconds). Any other failure is logged and counted
-        (``dso_errors_total{kind="health_watch"}``), and the watch goes on."""
-        index = self._anchor_redis()
-        assert index is not None
-        while True:
-            up = None
-            try:
-                up = await self._check_anchor_index(index)
-            except Exception as exc:  # noqa: BLE001 - the watch never dies
-                log.exception("anchor index health check failed unexpectedly (the check goes on)")
-                self._record_error("health_watch", f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(up_every_s if up else down_every_s)
-
-    async def _check_anchor_index(self, index: RedisAnchorIndex) -> bool:
-        """One health check (see :meth:`_watch_anchor_index`); returns whether Redis is up."""
-        def check() -> tuple[str, bool]:
-            index.ping()
-            return index.ensure_guard(self._anchor_guard)
-
-        try:
-            guard, lost = await self._on_redis_pool("health", check, wait_s=REDIS_WAIT_S)
-            up = True
-        except (AnchorIndexError, TimeoutError, RuntimeError) as exc:  # refused, timed out, or the last check still hangs
-            if self._anchor_up is not False:
-                log.warning("anchor index (Redis) is down: %s", exc or type(exc).__name__)
-            up = False
-        if up:
-            if lost:
-                log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s "
-                            "(refused from now on)", self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
-                self._anchor_lost.update(dict.fromkeys(self._anchor_batches))
-                while len(self._anchor_lost) > LOST_KEYS:
-                    del self._anchor_lost[next(iter(self._anchor_lost))]
-                self._anchor_batches.clear()
-            if self._anchor_up is False:
-                log.warning("anchor index (Redis) is back")
-            if guard != self._anchor_guard or lost:
-                self._anchor_guard = guard
-                await self.commits.durable(self.commits.changed())
-        if self._anchor_up is True and not up:
-            self._anchor_outages += 1
-        self._anchor_up = up
-        if self.metrics is not None:
-            self.metrics.set_anchor_index_up(up)
-        return up
-
+    # ------------------------------------------------------------- anchor index (Redis side: anchor_watch.py)
     # The lifecycle calls that reach the index run in their own concurrency group (a thread of
     # their own in the Ray actor), not on the event loop.
     @ray.method(concurrency_group=ANCHOR_GROUP)
@@ -1192,25 +509,6 @@ class Orchestrator(AnchorLifecycle):
         if index is not None and self._anchor_guard is not None:
             spec["guard"] = self._anchor_guard
         return spec
-
-
-def _nothing() -> None:
-    pass
-
-
-def _anonymous_keys(keys: list[str | None], call_id: str | None) -> list[str | None]:
-    """Keys for the groups without one (no round tag): ``anon:<call_id>:<position>`` with a call id,
-    so a re-sent call is recognised; None (a fresh ``anon:<uuid>`` at each call) without."""
-    if call_id is None or None not in keys:
-        return keys
-    return [k if k is not None else f"anon:{call_id}:{i}" for i, k in enumerate(keys)]
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={ANCHOR_GROUP: 1})(Orchestrator)

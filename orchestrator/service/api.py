@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
+from orchestrator.service.names import DEFAULT_NAME, DEFAULT_NAMESPACE
 
 TOKEN_ENV = "DSO_API_TOKEN"
 """Environment variable read for the bearer token when the settings name none."""

@@ -52,7 +52,6 @@ from orchestrator.core.errors import describe_errors, field_path, short_repr
 from orchestrator.core.policy import InvalidPolicyError, valid_fields_hint
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import UnknownTaskError
-from orchestrator.service.actor import OrchestratorUnavailable, PinnedPolicyError, PolicyConflictError
 from orchestrator.service.api import (
     ErrorResponse,
     Health,
@@ -62,6 +61,7 @@ from orchestrator.service.api import (
     ServiceSettings,
 )
 from orchestrator.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from orchestrator.service.names import OrchestratorUnavailable, PinnedPolicyError, PolicyConflictError
 
 log = logging.getLogger("trinity_dso.rest")
 

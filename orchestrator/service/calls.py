@@ -33,7 +33,7 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from orchestrator.service.actor import DEFAULT_NAMESPACE
+from orchestrator.service.names import DEFAULT_NAMESPACE
 
 log = logging.getLogger("trinity_dso.calls")
 

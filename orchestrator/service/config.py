@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, OrchestratorUnavailable
 from orchestrator.service.api import ServiceSettings
+from orchestrator.service.names import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, OrchestratorUnavailable
 
 # --------------------------------------------------------------------------- orchestrator from config
 

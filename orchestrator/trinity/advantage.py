@@ -39,7 +39,7 @@ from orchestrator.anchors.index import AnchorIndex, trajectory_records
 from orchestrator.anchors.owner import orchestrator_anchor_index
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex
-from orchestrator.service.actor import DEFAULT_NAME
+from orchestrator.service.names import DEFAULT_NAME
 from orchestrator.trinity.attach import OrchestratorNotFoundError, find_orchestrator
 from orchestrator.trinity.fields import NO_INFO, REWARD, MemoryOrder, group_codes, masked_rows
 from orchestrator.trinity.steps import StepRows

@@ -22,8 +22,9 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.service.actor import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW, get_or_create_orchestrator
+from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.service.calls import DEADLINE_S, ActorCalls
+from orchestrator.service.names import DEFAULT_NAME, DEFAULT_NAMESPACE, RETRY_WINDOW
 from orchestrator.tasks.taskset import IndexTaskSet
 from orchestrator.trinity.registry import SELECTOR_NAME
 

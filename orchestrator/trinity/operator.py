@@ -128,7 +128,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         ``lookup_timeout_s`` for the selector (or ``trinity-dso serve``) to create it.
     Raises:
         OrchestratorNotFoundError: at the first call, no actor and no ``num_tasks``.
-        orchestrator.service.actor.RunConflictError: the actor serves another run.
+        orchestrator.service.names.RunConflictError: the actor serves another run.
         orchestrator.core.machine.ReplenishCapError: cap hit under ``on_cap="raise"``.
     """
 

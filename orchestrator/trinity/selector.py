@@ -51,7 +51,7 @@ class OrchestratorTaskSelector:
             ``kwargs.seed`` is set) and ``config.kwargs`` is an :class:`AttachConfig`.
     Raises:
         ValueError: invalid ``kwargs`` (the field is named).
-        orchestrator.service.actor.RunConflictError: the actor serves another run.
+        orchestrator.service.names.RunConflictError: the actor serves another run.
     """
 
     def __init__(self, data_source: Any, config: Any) -> None:

@@ -1,0 +1,197 @@
+"""Batches out of :class:`~orchestrator.core.machine.OrchestratorCore`: :class:`Release`.
+
+When a batch is assembled (:meth:`Release.try_emit`, :meth:`Release.close_at_cap`,
+:meth:`Release.finish` at the end of data), the carry pool's groups are judged for staleness
+against the model version of the moment (``stale_members``: drop the group, or mask its stale
+members; see the module docstring of :mod:`orchestrator.core.machine`), a short batch is padded
+(or released partial, or refused, per ``on_cap``), and the batch's statistics are recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from algos.dapo import GroupReason, classify_groups
+from orchestrator.core.errors import ReplenishCapError
+from orchestrator.core.rows import GroupRows
+from orchestrator.core.stats import ratio
+from orchestrator.core.types import Batch
+
+ROUNDS_KEPT = 256
+"""Replenish rounds of the most recent batches kept in ``stats()`` (the metrics histogram has all)."""
+
+
+def rollout_lags(batch: Batch) -> np.ndarray:
+    """Staleness lag, in model versions, of every trained rollout of a batch (not padding, not masked).
+
+    ``lag = batch.model_version - rollout model version`` (see the module docstring).
+    Returns:
+        (R,) int64, in group then run order, from the batch's member columns at once.
+    """
+    versions, valid, padding = batch.columns("versions", "valid", "padding")
+    trained = valid & ~padding[:, None]
+    return batch.model_version - versions[trained].astype(np.int64)
+
+
+def flagged(rollouts: list, flags: dict[str, Any], which: Callable[[Any], bool] | None = None) -> list:
+    """``rollouts`` with ``flags`` added to the ``info`` of each (of those where ``which(r)``
+    when given), as copies: a shallow copy of the rollout with a copy of its ``info``; the
+    others are the same objects.
+
+    A held group's rollouts are never changed in place once accepted: the state store may be
+    pickling them in its worker thread (the commit of the change that made the group held),
+    and a dict that grows while it is pickled fails the commit; what a commit writes is the
+    group as it was when the commit was prepared."""
+    out = []
+    for r in rollouts:
+        if which is None or which(r):
+            r = copy.copy(r)
+            r.info = {**r.info, **flags}
+        out.append(r)
+    return out
+
+
+class Release:
+    """Staleness at assembly, padding and release of batches; a part of
+    :class:`~orchestrator.core.machine.OrchestratorCore`, whose attributes it uses."""
+
+    def _drop_stale(self) -> None:
+        """Apply ``max_staleness`` to the carry pool, per member (see the module docstring)."""
+        p = self.policy
+        if p.max_staleness is None or not self.carry:
+            return
+        # every carried group at once (their columns have group_size members: set_policy refuses
+        # to change it while groups are held); masked members no longer count
+        carry = self.carry
+        stale = carry.valid & (self.model_version - carry.versions > p.max_staleness)
+        hit = stale.any(axis=1)
+        if not hit.any():
+            return
+        keep = ~hit
+        valid = carry.valid.copy()  # never written in place: a commit may be pickling the old one
+        for i in np.flatnonzero(hit).tolist():
+            if p.stale_members == "mask" and (masked := self._mask_stale(carry, i, stale[i])) is not None:
+                valid[i] = masked
+                keep[i] = True
+        carry = carry.with_valid(valid)
+        dropped = carry.take(~keep)
+        dropped.reasons = [GroupReason.STALE.label] * len(dropped)
+        self._drop(dropped)
+        if p.requeue_stale:
+            self.requeue.extend(dropped.task_ids)
+        self.carry = carry.take(keep)
+
+    def _mask_stale(self, rows: GroupRows, i: int, stale: np.ndarray) -> np.ndarray | None:
+        """Mask the stale members of group ``i`` of ``rows`` if it stays usable (enough members,
+        still informative): its new (n,) valid flags (its rollouts flagged, on copies), else None."""
+        values, valid = rows.values[i], rows.valid[i] & ~stale
+        if valid.sum() < self.policy.min_valid_group_size:
+            return None
+        f = self.policy.filter
+        if f.enabled:
+            keep, _ = classify_groups(
+                values[None], std_tol=f.std_tol, correct_threshold=f.correct_threshold,
+                wrong_threshold=f.wrong_threshold, band=f.band, valid=valid[None],
+            )
+            if not keep[0]:
+                return None
+        if rows.rollouts[i]:
+            rows.rollouts[i] = flagged(rows.rollouts[i], {"dso_masked": "stale", "dso_loss_weight": 0.0}, lambda r: stale[r.eid.run])
+        self.counters["rollouts_masked"] += int(stale.sum())
+        return valid
+
+    def _release(self, groups: GroupRows, padding: int, partial: bool) -> Batch:
+        """Release ``groups`` and the last ``padding`` candidates (as padding) as the next batch;
+        the other candidates are dropped."""
+        cut = len(self.candidates) - padding
+        pad = self.candidates.take(slice(cut, None))
+        self._drop(self.candidates.take(slice(None, cut)))
+        if padding:
+            pad.padding = [True] * padding
+            pad.rollouts = [flagged(r, {"dso_padding": True, "dso_loss_weight": 0.0}) if r else r for r in pad.rollouts]
+        if len(groups):  # trained on next: their pass rates move, so their evidence counts less
+            self.passrate.discount(groups.task_index, self.policy.passrate_trained_discount)
+            self._touch(groups.task_index)
+        c = self.counters
+        c["groups_emitted"] += len(groups)
+        c["groups_padded"] += padding
+        c["rollouts_wasted"] += sum(pad.sizes)
+        c["batches_emitted"] += 1
+        c["batches_partial"] += int(partial)
+        trained = groups.rewards[groups.valid].tolist()  # in group then run order: the same sum as group by group
+        c["reward_sum_trained"] += float(sum(trained))
+        c["reward_count_trained"] += len(trained)
+        w = self.window
+        self.last_batch = {
+            "batch_id": self.batch_id,
+            "mean_reward_all": ratio(w["reward_sum_all"], w["reward_count_all"]),
+            "mean_reward_kept": ratio(w["reward_sum_kept"], w["reward_count_kept"]),
+            "mean_reward_trained": ratio(float(sum(trained)), len(trained)),
+            "coverage": ratio(len(trained), w["rollouts"]),
+            "rollouts_trained": len(trained),
+            "rollouts_generated": w["rollouts"],
+        }
+        self.window = self._new_window()
+        rounds = max(0, self.rounds_submitted - 1)
+        self.rounds_per_batch = (self.rounds_per_batch + [rounds])[-ROUNDS_KEPT:]
+        batch = Batch(self.batch_id, GroupRows.concat(groups, pad), partial=partial, rounds=rounds, model_version=self.model_version)
+        self.batch_id += 1
+        self.rounds_started = 0
+        self.rounds_submitted = 0
+        self.dropped_task_ids = []
+        self.candidates = GroupRows.empty(self.policy.group_size)
+        return batch
+
+    def try_emit(self) -> Batch | None:
+        """Release a batch of exactly ``target_groups`` informative groups if the carry pool holds them.
+
+        Surplus groups stay in the carry pool for the next batch (dropped only when stale).
+        """
+        self._drop_stale()
+        k = self.policy.target_groups
+        if len(self.carry) < k:
+            return None
+        groups, self.carry = self.carry.take(slice(None, k)), self.carry.take(slice(k, None))
+        return self._release(groups, 0, partial=False)
+
+    def close_at_cap(self) -> Batch:
+        """Close the open batch when the cap is reached, per ``policy.on_cap``.
+
+        ``pad``: the kept groups plus the most recent dropped groups as padding (batch of
+        exactly ``target_groups`` when enough dropped groups exist, else flagged partial);
+        ``partial``: the kept groups only, flagged partial;
+        ``raise``: raises :class:`ReplenishCapError` and changes nothing.
+        """
+        self._drop_stale()
+        p = self.policy
+        kept = self.carry.take(slice(None, p.target_groups))
+        if p.on_cap == "raise":
+            raise ReplenishCapError(
+                f"max_replenish_rounds: batch {self.batch_id} has {len(kept)} of {p.target_groups} informative "
+                f"groups after {max(0, self.rounds_submitted - 1)} replenish rounds (cap {p.max_replenish_rounds})"
+            )
+        self.counters["cap_hits"] += 1
+        self.carry = self.carry.take(slice(len(kept), None))
+        padding = min(p.target_groups - len(kept), len(self.candidates)) if p.on_cap == "pad" else 0
+        partial = len(kept) + padding < p.target_groups
+        return self._release(kept, padding, partial=partial)
+
+    def finish(self) -> Batch | None:
+        """At the end of data: release what is kept as the last batch, per ``on_cap``.
+
+        Returns:
+            the last batch (``pad``: kept groups plus padding; ``partial``: kept groups only),
+            or None when no informative group is held (the padding candidates are dropped).
+        Raises:
+            ReplenishCapError: ``on_cap='raise'`` and a short batch is held (nothing changes).
+        """
+        self._drop_stale()
+        if not self.carry:
+            self._drop(self.candidates)
+            self.candidates = GroupRows.empty(self.policy.group_size)
+            return None
+        return self.close_at_cap()

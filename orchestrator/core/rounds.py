@@ -1,0 +1,326 @@
+"""Task selection and rounds of :class:`~orchestrator.core.machine.OrchestratorCore`: :class:`Rounds`.
+
+Which tasks come next (the active :class:`~orchestrator.core.selection.TaskSelection`, the
+epoch's order), when the data ends (``max_epochs`` / ``max_rollouts``), whether the cap is
+reached or replenishment is paused, the plan of the next round (:meth:`Rounds.plan_round`),
+screens, the open rounds awaiting their groups (for the predicted-vs-realised keep rate), and
+the hand-out of tasks to an attached explorer (:meth:`Rounds.next_tasks`, requeued after its
+restart).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.core.errors import short_repr
+from orchestrator.core.selection import SelectionContext, TaskSelection, make_selection
+from orchestrator.core.types import Purpose, UnknownTaskError
+
+OPEN_ROUNDS_KEPT = 64
+"""Planned rounds whose groups are still awaited, kept for the predicted-vs-realised keep rate."""
+
+
+@dataclass
+class RoundPlan:
+    """What the next round should roll out.
+
+    Attributes:
+        task_ids: tasks to roll out, n rollouts each (empty when nothing is needed).
+        purpose: ``initial`` for a batch's first round, ``replenish`` afterwards.
+        round: round index within the batch (0 = initial).
+        batch_id: the batch the round serves.
+    """
+
+    task_ids: list[str]
+    purpose: Purpose
+    round: int
+    batch_id: int
+
+
+class Rounds:
+    """Select tasks, plan rounds and track the open ones; a part of
+    :class:`~orchestrator.core.machine.OrchestratorCore`, whose attributes it uses."""
+
+    def task_index(self, task_id: str) -> int:
+        try:
+            return self._index[task_id]
+        except KeyError:
+            raise UnknownTaskError(f"task_id: unknown task {short_repr(task_id)} (task set has {len(self.task_ids)} tasks)") from None
+        except TypeError:  # unhashable
+            raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
+
+    @property
+    def selection(self) -> TaskSelection:
+        """The active task selection (``policy.selection``; made from the registry on first use)."""
+        name = self.policy.selection
+        if name not in self.selections:
+            self.selections[name] = make_selection(name, len(self.task_ids), self.seed, self.policy)
+        return self.selections[name]
+
+    @property
+    def epoch(self) -> int:
+        """The active selection's epoch (skip-rule cooldowns count in it)."""
+        return self.selection.epoch
+
+    def predicted_informative(self) -> np.ndarray:
+        """(T,) float64: each task's predicted chance that its next group is informative
+        (Beta-Binomial posterior predictive, :mod:`orchestrator.core.passrate`)."""
+        return self.passrate.informativeness(self.model_version, self.policy.group_size)
+
+    def _context(self) -> SelectionContext:
+        p = self.policy
+        return SelectionContext(
+            skip_until_epoch=self.history.skip_until_epoch,
+            informative=self.predicted_informative(),
+            explore=p.selection_explore,
+            sharpness=p.selection_sharpness,
+            revisit_epochs=p.selection_revisit_epochs,
+            max_epochs=p.max_epochs,
+            zero_streak_correct=self.history.consec_all_correct,
+            zero_streak_wrong=self.history.consec_all_wrong,
+            options=dict(p.selection_options),
+        )
+
+    def select_tasks(self, count: int) -> list[str]:
+        """Up to ``count`` next tasks (see :meth:`_draw_tasks`), within ``max_epochs`` and the rollout
+        budget (``max_rollouts`` counts ``group_size`` rollouts per task handed out)."""
+        left = self.rollouts_left()
+        if left is not None:
+            count = min(count, left // self.policy.group_size)
+        tasks = self._draw_tasks(count)
+        self.counters["rollouts_planned"] += len(tasks) * self.policy.group_size
+        return tasks
+
+    def _draw_tasks(self, count: int, need: float | None = None, ctx: SelectionContext | None = None) -> list[str]:
+        """Up to ``count`` next tasks of the active selection (``policy.selection``).
+
+        ``epoch``: each epoch is a seeded permutation of the task set. A task skipped by the
+        rules ``skip_after_all_correct`` / ``skip_after_all_wrong`` sits out ``cooldown_epochs``.
+        When every task is cooling down, the order moves to the next epoch (at most
+        ``cooldown_epochs + 1`` epochs ahead), so selection always terminates.
+        ``informative``: see :class:`orchestrator.core.selection.InformativeSelection`; an epoch
+        is as many picks as there are tasks. With ``need`` (informative only), the draw stops
+        once the tasks drawn are predicted to give ``need`` informative groups
+        (:meth:`~orchestrator.core.selection.TaskSelection.fill`).
+
+        Nothing is drawn once ``max_epochs`` epochs have passed, and a draw never enters epoch
+        ``max_epochs`` (the selection stops at its boundary).
+        """
+        if self.epochs_done() or count <= 0:
+            return []
+        ctx = ctx if ctx is not None else self._context()
+        idx = self.selection.select(count, ctx) if need is None else self.selection.fill(need, count, ctx)
+        self.pick_epoch[idx] = self.selection.picked_epochs
+        self._touch(idx)  # the selection's last_pick
+        return [self.task_ids[i] for i in idx]
+
+    def epochs_done(self) -> bool:
+        """True once the task order has passed ``policy.max_epochs`` epochs."""
+        return self.policy.max_epochs is not None and self.epoch >= self.policy.max_epochs
+
+    def rollouts_left(self) -> int | None:
+        """Rollouts the budget still allows (None without ``max_rollouts``)."""
+        if self.policy.max_rollouts is None:
+            return None
+        c = self.counters
+        return max(0, self.policy.max_rollouts - c["rollouts_planned"])
+
+    def exhausted(self) -> bool:
+        """True when no further round can be planned: epochs done, or no budget for one more group."""
+        left = self.rollouts_left()
+        return self.epochs_done() or (left is not None and left < self.policy.group_size)
+
+    def predicted_keep_rate(self) -> float:
+        """Laplace-smoothed share of groups classified informative so far: (k + 1) / (g + 2)."""
+        c = self.counters
+        return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + 2)
+
+    def missing_groups(self) -> int:
+        return max(0, self.policy.target_groups - len(self.carry))
+
+    def cap_reached(self) -> bool:
+        """True when the open batch may not start another replenish round.
+
+        Filter-only mode (``replenish='none'``): as soon as the initial round has run.
+        """
+        if self.missing_groups() == 0 or self.rounds_started == 0:
+            return False
+        if self.policy.screen_rollouts and not self.carry and not self.candidates:
+            return False  # every group so far was a stopped screen: nothing to release yet (no empty batch)
+        if self.policy.replenish == "none":
+            return True
+        cap = self.policy.max_replenish_rounds
+        return cap > 0 and self.rounds_started > cap
+
+    def replenish_blocked(self) -> bool:
+        """True when the next round would be a replenish round and replenishment is paused."""
+        return self.policy.replenish_paused and self.rounds_started > 0
+
+    def plan_round(self) -> RoundPlan:
+        """Plan the next round: only the missing count, sized by the predicted keep rate.
+
+        ``count = min(ceil(missing / max(min_keep_rate, p_keep)), max_tasks_per_round)``,
+        and no more than the rollout budget pays for. Tasks of stale groups (``requeue_stale``)
+        come first. With ``replenish='same_tasks'``, replenish rounds then re-roll this batch's
+        dropped tasks (oldest first; not those a skip rule has just put in cooldown) and top up
+        with fresh tasks. Plans nothing once :meth:`exhausted`.
+        """
+        missing = self.missing_groups()
+        rnd = self.rounds_started
+        purpose: Purpose = "initial" if rnd == 0 else "replenish"
+        if missing == 0 or self.exhausted():
+            return RoundPlan([], purpose, rnd, self.batch_id)
+        ctx = self._context()
+        informative = self.selection.sizes_by_prediction
+        p = self.policy.min_keep_rate if informative else max(self.policy.min_keep_rate, self.predicted_keep_rate())
+        count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
+        left = self.rollouts_left()
+        if left is not None:
+            count = min(count, left // self.policy.group_size)
+        task_ids, self.requeue = self.requeue[:count], self.requeue[count:]
+        if rnd > 0 and self.policy.replenish == "same_tasks":
+            skip_until = self.history.skip_until_epoch
+            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
+            take = count - len(task_ids)
+            task_ids, self.dropped_task_ids = task_ids + rerolls[:take], rerolls[take:]
+        taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        need = missing - float(ctx.informative[taken].sum()) if informative else None
+        task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
+        self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
+        self.rounds_started += 1
+        self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
+        return RoundPlan(task_ids, purpose, rnd, self.batch_id)
+
+    def screen_mask(self, task_ids: list[str]) -> np.ndarray:
+        """(k,) bool: which of a round's tasks to screen first (``policy.screen_rollouts > 0`` and the
+        task's predicted chance of an informative group below ``policy.screen_skip_above``); see
+        :mod:`orchestrator.rollout.screening`."""
+        if not self.policy.screen_rollouts or not task_ids:
+            return np.zeros(len(task_ids), dtype=bool)
+        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        return self.predicted_informative()[idx] < self.policy.screen_skip_above
+
+    def record_screens(self, screened: int, task_ids: list[str], correct: np.ndarray, trials: np.ndarray) -> None:
+        """Count a round's screens and take the evidence of those that stopped (all rollouts equal,
+        never completed): their rollouts count as generated (``rollouts_screen_stopped``), the
+        rollouts they did not spend go back to the ``max_rollouts`` budget, the pass-rate estimate
+        learns from them, and their planned round counts them as not informative."""
+        c = self.counters
+        c["screens"] += screened
+        if not task_ids:
+            return
+        idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
+        trials = np.asarray(trials, dtype=np.int64)
+        versions = np.full(len(idx), self.model_version, dtype=np.int64)
+        self.passrate.observe(idx, np.asarray(correct), trials, np.zeros(len(idx), dtype=bool), versions)
+        self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
+        c["screens_stopped"] += len(idx)
+        c["rollouts_screen_stopped"] += int(trials.sum())
+        c["rollouts_planned"] -= int((self.policy.group_size - trials).sum())
+        self._touch(idx)
+
+    def _open_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
+        """Remember a planned round's predicted keep rate until all its groups are submitted."""
+        if not len(idx):
+            return
+        key = f"b{self.batch_id}r{self.rounds_started - 1}"
+        self.open_rounds[key] = {
+            "predicted_keep_rate": float(informative[idx].mean()),
+            "predicted_informative": float(informative[idx].sum()),
+            "tasks": int(len(idx)),
+            "submitted": 0,
+            "informative": 0,
+        }
+        for i in idx.tolist():
+            self.awaited.setdefault(i, []).append(key)
+        while len(self.open_rounds) > OPEN_ROUNDS_KEPT:  # groups never came back: forget the oldest round
+            old = next(iter(self.open_rounds))
+            del self.open_rounds[old]
+            for i in [i for i, keys in self.awaited.items() if old in keys]:
+                self.awaited[i] = [k for k in self.awaited[i] if k != old]
+                if not self.awaited[i]:
+                    del self.awaited[i]
+
+    def _close_rounds(self, idx: np.ndarray, keep: np.ndarray) -> None:
+        """Count submitted groups against the planned rounds awaiting them (oldest round first)."""
+        if not self.awaited:  # no planned round awaits a group (e.g. tasks chosen by the caller)
+            return
+        c = self.counters
+        for i, kept in zip(idx.tolist(), keep.tolist(), strict=True):
+            keys = self.awaited.get(i)
+            if not keys:
+                continue
+            key = keys.pop(0)
+            if not keys:
+                del self.awaited[i]
+            r = self.open_rounds.get(key)
+            if r is None:
+                continue
+            r["submitted"] += 1
+            r["informative"] += int(kept)
+            if r["submitted"] == r["tasks"]:
+                del self.open_rounds[key]
+                c["rounds_completed"] += 1
+                c["round_predicted_informative"] += r["predicted_informative"]
+                c["round_realised_informative"] += r["informative"]
+                c["round_groups"] += r["tasks"]
+                self.last_round = {
+                    "round": key,
+                    "tasks": r["tasks"],
+                    "predicted_keep_rate": r["predicted_keep_rate"],
+                    "realised_keep_rate": r["informative"] / r["tasks"],
+                }
+
+    def next_tasks(self, count: int) -> list[str]:
+        """``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
+
+        Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then with
+        ``replenish='same_tasks'`` this batch's dropped tasks (not those a skip rule has just
+        put in cooldown), then fresh tasks in epoch order (:meth:`select_tasks`). Every task
+        handed out stays "in flight" until its group is submitted. At the end of data
+        (:meth:`exhausted`: ``max_epochs`` passed, or the ``max_rollouts`` budget spent) fewer
+        come back, none once only requeued tasks were left; new tasks (re-rolls included)
+        count against the rollout budget, requeued ones were counted when first handed out.
+
+        Raises:
+            ValueError: ``count`` < 1.
+        """
+        if count < 1:
+            raise ValueError(f"count: must be >= 1, got {count}")
+        tasks, self.requeued = self.requeued[:count], self.requeued[count:]
+        want = count - len(tasks)
+        left = self.rollouts_left()
+        if left is not None:
+            want = min(want, left // self.policy.group_size)
+        if self.epochs_done():
+            want = 0
+        if self.policy.replenish == "same_tasks" and want > 0:
+            skip_until = self.history.skip_until_epoch
+            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
+            take = rerolls[:want]
+            tasks += take
+            want -= len(take)
+            self.dropped_task_ids = rerolls[len(take):]
+            self.counters["rollouts_planned"] += len(take) * self.policy.group_size
+        while want > 0 and not self.exhausted():  # select_tasks may fall short when every task cools down
+            more = self.select_tasks(want)
+            if not more and not self.exhausted():
+                more = self.task_ids[:want]
+                self.counters["rollouts_planned"] += len(more) * self.policy.group_size
+            tasks += more
+            want -= len(more)
+        self.in_flight.extend(tasks)
+        return tasks
+
+    def requeue_in_flight(self) -> list[str]:
+        """Hand the in-flight tasks out again first: their explorer restarted before their groups came back.
+
+        Returns:
+            the requeued task ids (oldest first).
+        """
+        moved, self.in_flight = self.in_flight, []
+        self.requeued = moved + self.requeued
+        return list(moved)

@@ -1,0 +1,122 @@
+"""Run attachment and policy writes of the orchestrator actor: :class:`Attachment`, a part of
+:class:`orchestrator.service.actor.Orchestrator`.
+
+One orchestrator serves one Trinity run: the first ``attach_run`` binds it, later ones of the
+same run are accepted (a restarted explorer's selector gets the tasks its predecessor took back
+first; a restarted operator's previous last hand-out is named as unconfirmed). The run's pinned
+policy fields (what Trinity's trainer batch size is built from) are set at attach and refused by
+later policy writes; every policy write is checked here (:func:`check_judge` included).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.service.names import PinnedPolicyError, PolicyConflictError, RunConflictError
+
+log = logging.getLogger("trinity_dso.actor")
+
+
+def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
+    """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
+
+    A source declares what it writes in ``metric_names`` (a tuple); sources that do not
+    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked.
+
+    Raises:
+        InvalidPolicyError: names ``filter.judge``, the value and the source's metrics.
+    """
+    judge = policy.filter.judge
+    names = getattr(rollout_source, "metric_names", None)
+    if judge in ("reward", "auto") or names is None or judge in names:
+        return
+    raise InvalidPolicyError(
+        f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
+        f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
+    )
+
+
+class Attachment:
+    """Attach a run, pin its fields, write the policy. Mixed into
+    :class:`~orchestrator.service.actor.Orchestrator`, whose attributes (``core``,
+    ``attachment``, ``rollout_source``, ``_last_call``, ``_observe``, ``get_policy``) it uses."""
+
+    def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
+                    pinned_by: str) -> dict:
+        bound = self.attachment.get("run")
+        if bound is not None and bound != run:
+            raise RunConflictError(
+                f"run: orchestrator serves run {bound!r}; run {run!r} must use its own actor_name "
+                "(one orchestrator per run, so that each run's groups, history and metrics stay apart)"
+            )
+        if num_tasks is not None and len(self.core.task_ids) != int(num_tasks):
+            raise RunConflictError(
+                f"num_tasks: run {run!r} has {num_tasks} tasks but this orchestrator was created with "
+                f"{len(self.core.task_ids)}; use another actor_name or delete its checkpoint"
+            )
+        pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
+        changes = {k: v for k, v in pinned.items() if getattr(self.core.policy, k) != v}
+        self.attachment.update(run=run, pinned=pinned, pinned_by=pinned_by)
+        if changes:
+            self._apply_policy(self.core.policy.updated(changes), changes)
+        requeued: list[str] = []
+        if role == "selector" and self.attachment.get("selector_session") != session:
+            if self.attachment.get("selector_session") is not None:
+                requeued = self.core.requeue_in_flight()
+                log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
+                            run, session, len(requeued))
+            self.attachment["selector_session"] = session
+        if role == "operator" and self.attachment.get("operator_session") != session:
+            self._operator_restarted(run, session)
+        log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
+        return {"run": run, "pinned": dict(pinned), "requeued": requeued,
+                "unconfirmed": dict(self.attachment.get("unconfirmed") or {})}
+
+    def _operator_restarted(self, run: str, session: str) -> None:
+        """A new operator session (a new explorer process): name the batches handed to the previous
+        session's last call. Nothing tells whether its pipeline wrote them to Trinity's buffer
+        before it died, and they are not handed out again (at most once: handing them out again
+        would duplicate every batch the dead pipeline had written, a far likelier case)."""
+        before = self.attachment.get("operator_session")
+        self.attachment["operator_session"] = session
+        if before is None or self._last_call is None or not self._last_call[0].startswith(f"{before}:"):
+            return
+        ids = [int(b.batch_id) for b in self._last_call[1]]
+        self.attachment["unconfirmed"] = {"session": before, "batch_ids": ids}
+        log.warning("run %s: explorer restarted (operator session %s); batches %s, handed to the previous "
+                    "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
+                    run, session, ids)
+
+    def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
+        if not isinstance(changes, dict):
+            raise InvalidPolicyError(f"policy: expected an object of fields, got {type(changes).__name__}")
+        if expected_revision is not None and expected_revision != self.core.policy_revision:
+            raise PolicyConflictError(
+                f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
+            )
+        new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
+        check_judge(new, self.rollout_source)
+        if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
+            raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
+                                     "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
+                                     "group (docs/sampling.md); the policy is unchanged")
+        pinned = self.attachment.get("pinned") or {}
+        broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
+                  for k, v in pinned.items() if getattr(new, k) != v]
+        if broken:
+            raise PinnedPolicyError(
+                "; ".join(broken) + f" ({self.attachment.get('pinned_by') or 'the trainer batch size depends on it'}); "
+                "the policy is unchanged"
+            )
+        self._apply_policy(new, changes)
+        return self.get_policy()
+
+    def _apply_policy(self, new: ResamplingPolicy, changes: dict) -> None:
+        try:
+            self.core.set_policy(new)
+        except ValueError as err:
+            raise InvalidPolicyError(str(err)) from None
+        log.info("policy revision %d: %s", self.core.policy_revision, changes)
+        self._observe()
