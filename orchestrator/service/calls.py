@@ -70,6 +70,7 @@ class ActorCalls:
         if not isinstance(deadline_s, (int, float)) or not 0 < float(deadline_s) < float("inf"):
             raise ValueError(f"deadline_s: must be a positive finite number of seconds, got {deadline_s!r}")
         self._handle, self.name, self.namespace = handle, name, namespace or DEFAULT_NAMESPACE
+        self._creator = handle  # kept: a non-detached actor lives while its creator's handle does
         self.deadline_s = float(deadline_s)
 
     @property
