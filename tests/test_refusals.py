@@ -206,6 +206,7 @@ NO_SETTINGS = {
     "algos.gigpo.anchor_group_ids": "keys only",
     "algos.gigpo.hash_keys": "keys only",
     "algos.gigpo.broadcast_to_tokens": "data only (advantages times a mask)",
+    "algos.gigpo.consecutive_order": "a permutation of data (trajectory codes and steps)",
     "algos.gigpo.gigpo_advantages": "settings come as a GiGPOConfig (swept with the models)",
     "algos.gigpo.gigpo_advantages_coded": "settings come as a GiGPOConfig (swept with the models)",
 }
