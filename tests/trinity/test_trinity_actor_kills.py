@@ -14,7 +14,6 @@ exactly once (the explorer never restarts, so no batch is in the unconfirmed win
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
@@ -94,16 +93,7 @@ def test_five_kills_of_the_orchestrator_during_a_trinity_run_lose_and_duplicate_
     state = calls.call("state_dict")
     base.end_explorer(cfg.explorer.name)
     base.release_placement_groups(pgs_before)
-    batches: list = []
-
-    async def read_all() -> None:
-        while True:
-            try:
-                batches.append(await reader.read())
-            except (StopAsyncIteration, TimeoutError):
-                return
-
-    asyncio.run(read_all())
+    batches = base.read_all(reader)
     ray.kill(calls.handle)
     print(f"\n{len(kills)} kills {kills}; run {wall:.0f} s; {stats.batches_emitted} batches emitted, "
           f"{len(batches)} read")

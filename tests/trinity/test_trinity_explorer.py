@@ -229,19 +229,7 @@ def trinity_run(tmp_path_factory, tiny_model, engine_model, serve_http):
     release_placement_groups(pgs_before)
 
     # ---- the trainer side: Trinity's QueueReader, train_batch_size experiences per read
-    import asyncio
-
-    batches = []
-
-    async def read_all():
-        while True:
-            try:
-                batches.append(await reader.read())
-            except (StopAsyncIteration, TimeoutError):
-                return
-
-    asyncio.run(read_all())
-    seen["batches"] = batches
+    seen["batches"] = read_all(reader)
     print(transcript(seen))  # shown with pytest -s
     yield seen
     http.close()
@@ -295,6 +283,23 @@ def release_placement_groups(before: set[str]) -> None:
     for pg in live_placement_groups() - before:
         ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg))))
     wait_for(lambda: not (live_placement_groups() - before), 60, "explorers' placement groups removed")
+
+
+def read_all(reader) -> list:
+    """Every batch left in the queue, read with Trinity's ``QueueReader`` until it is empty or closed."""
+    import asyncio
+
+    batches: list = []
+
+    async def drain() -> None:
+        while True:
+            try:
+                batches.append(await reader.read())
+            except (StopAsyncIteration, TimeoutError):
+                return
+
+    asyncio.run(drain())
+    return batches
 
 
 def _explorer_step(cfg) -> int:
