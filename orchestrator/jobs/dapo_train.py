@@ -48,8 +48,10 @@ class DapoTrainConfig(BaseModel):
     # task and policy
     task: str = Field("max", description="'max' (a,b -> max(a, b)), 'add' (a+b -> a + b) or 'mix' (the families of "
                       "``families``, orchestrator.train.tiny.mixed_tasks); see orchestrator.train.tiny.")
-    families: list[str] = Field(default_factory=lambda: ["max1", "max2", "add1", "add2", "add3"],
-                                description="Task families of task='mix', '<op><digits>' (ignored otherwise).")
+    families: list[str] | dict[str, int] = Field(
+        default_factory=lambda: ["max1", "max2", "add1", "add2", "add3"],
+        description="Task families of task='mix', '<op><digits>' (op add, max or copy), equal shares, or a mapping "
+        "family -> integer weight (ignored for other tasks).")
     warm_pool: int = Field(600, ge=8, description="task='mix': warm-start tasks, disjoint from the training and held-out ones.")
     digits: int = Field(2, ge=1, le=4, description="Digits of each operand.")
     train_size: int = Field(2000, ge=8, description="Training tasks.")
@@ -81,7 +83,8 @@ class DapoTrainConfig(BaseModel):
 def _policy_dir(cfg: DapoTrainConfig) -> Path:
     from orchestrator.rollout.model import cache_root
 
-    name = "mix-" + "-".join(cfg.families) + f"-p{cfg.warm_pool}" if cfg.task == "mix" else f"{cfg.task}{cfg.digits}"
+    fams = cfg.families if isinstance(cfg.families, list) else [f"{f}x{w}" for f, w in cfg.families.items()]
+    name = "mix-" + "-".join(fams) + f"-p{cfg.warm_pool}" if cfg.task == "mix" else f"{cfg.task}{cfg.digits}"
     return cache_root() / f"tiny-{name}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
 
 

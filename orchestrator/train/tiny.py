@@ -133,17 +133,20 @@ def encode(text: str) -> list[int]:
 # --------------------------------------------------------------------------- task
 
 
-OPS = ("add", "max")
-"""Task kinds: ``add`` (prompt ``a+b``, answer ``a + b``), ``max`` (prompt ``a,b``, answer ``max(a, b)``)."""
+OPS = ("add", "max", "copy")
+"""Task kinds: ``add`` (prompt ``a+b``, answer ``a + b``), ``max`` (prompt ``a,b``, answer ``max(a, b)``),
+``copy`` (prompt ``a``, answer ``a``: the easy family of a mixed task set)."""
 
 
 def addition_tasks(*, digits: int = 2, seed: int = 0, train_size: int = 2000, heldout_size: int = 200,
                    op: str = "add") -> tuple[TaskSet, TaskSet]:
-    """Disjoint train and held-out task sets of ``a+b=`` (``op="add"``) or ``a,b=`` (``op="max"``) problems.
+    """Disjoint train and held-out task sets of ``a+b=`` (``op="add"``), ``a,b=`` (``op="max"``)
+    or ``a=`` (``op="copy"``) problems.
 
-    Every ordered pair ``(a, b)`` in ``[0, 10**digits)^2`` is shuffled with ``seed``; the
-    first ``heldout_size`` pairs are held out, the next ``train_size`` are the training tasks.
-    Task ids are ``add{digits}-{a}-{b}``; answer format ``number``.
+    Every ordered pair ``(a, b)`` in ``[0, 10**digits)^2`` (for ``copy`` every ``a`` in
+    ``[0, 10**digits)``) is shuffled with ``seed``; the first ``heldout_size`` are held out, the
+    next ``train_size`` are the training tasks. Task ids are ``add{digits}-{a}-{b}`` (``copy{digits}-{a}``);
+    answer format ``number``.
 
     Raises:
         ValueError: the two splits need more pairs than exist.
@@ -151,12 +154,16 @@ def addition_tasks(*, digits: int = 2, seed: int = 0, train_size: int = 2000, he
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     space = 10**digits
-    if train_size + heldout_size > space * space:
-        raise ValueError(f"train_size + heldout_size = {train_size + heldout_size} > {space * space} pairs of {digits} digits")
+    size = space if op == "copy" else space * space
+    if train_size + heldout_size > size:
+        raise ValueError(f"train_size + heldout_size = {train_size + heldout_size} > {size} {op} problems of {digits} digits")
     rng = random.Random(f"{op}:{digits}:{seed}")
-    picks = rng.sample(range(space * space), train_size + heldout_size)
+    picks = rng.sample(range(size), train_size + heldout_size)
 
     def task(k: int) -> Task:
+        if op == "copy":
+            return Task(task_id=f"copy{digits}-{k}", prompt=[{"role": "user", "content": str(k)}], answer=str(k), kind=op,
+                        meta={"format": "number", "source": "generated", "a": k})
         a, b = divmod(k, space)
         return Task(
             task_id=f"{op}{digits}-{a}-{b}",
@@ -176,34 +183,51 @@ On the warm-started policy (``warm_steps=30``) they spread from nearly always so
 is in docs/sampling.md (``trinity-dso compare-sampling --spread``)."""
 
 
-def mixed_tasks(*, families: tuple[str, ...] | list[str] = FAMILIES, seed: int = 0, train_size: int = 300,
-                heldout_size: int = 150, pool_size: int = 0) -> tuple[TaskSet, TaskSet, TaskSet]:
-    """Disjoint train, held-out and warm-start sets mixing task families (equal shares, the first
-    families take the remainder), each family split as :func:`addition_tasks` does, so the
-    held-out set has the training set's mix.
+def _shares(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainder; ties to the earlier entry)."""
+    exact = [total * w / sum(weights) for w in weights]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (out[i] - exact[i], i))[: total - sum(out)]:
+        out[i] += 1
+    return out
 
-    The warm-start pool (``pool_size`` tasks, as many per family as its pairs allow) is disjoint
-    from both: a warm start on the RL training tasks themselves would memorise them, and the
-    held-out tasks would start far below the training ones (measured: 0.11 against 0.22 with
-    160 tasks), so RL gains would not carry over.
+
+def mixed_tasks(*, families: tuple[str, ...] | list[str] | dict[str, int] = FAMILIES, seed: int = 0, train_size: int = 300,
+                heldout_size: int = 150, pool_size: int = 0) -> tuple[TaskSet, TaskSet, TaskSet]:
+    """Disjoint train, held-out and warm-start sets mixing task families, each family split as
+    :func:`addition_tasks` does, so the held-out set has the training set's mix.
+
+    ``families`` is a list (equal shares) or a mapping family -> integer weight (shares in
+    proportion, e.g. ``{"copy3": 1, "max2": 2, "add3": 1}``: a quarter, a half, a quarter); the
+    sizes are split by largest remainder.
+
+    The warm-start pool (``pool_size`` tasks split the same way, capped by the problems a
+    family has left) is disjoint from both: a warm start on the RL training tasks themselves
+    would memorise them, and the held-out tasks would start far below the training ones
+    (measured: 0.11 against 0.22 with 160 tasks), so RL gains would not carry over.
 
     Every task carries ``meta["family"]`` (e.g. ``"add2"``): the difficulty tag the pass-rate
     prior is learned per (:class:`orchestrator.core.passrate.PassRateEstimate`).
 
     Raises:
-        ValueError: an unknown family, or a family with fewer pairs than its share needs.
+        ValueError: an unknown family, a weight below 1, or a family with fewer problems than
+            its train and held-out shares need.
     """
-    fams = list(families)
-    if not fams:
+    weights = dict(families) if isinstance(families, dict) else {f: 1 for f in families}
+    if not weights:
         raise ValueError("families: empty")
+    if bad := {f: w for f, w in weights.items() if not isinstance(w, int) or w < 1}:
+        raise ValueError(f"families: weights must be integers >= 1, got {bad}")
+    fams, ws = list(weights), list(weights.values())
     train_parts, held_parts, pool = [], [], []
-    for i, fam in enumerate(fams):
+    for fam, k, h, w in zip(fams, _shares(train_size, ws), _shares(heldout_size, ws), _shares(pool_size, ws)):
         op, digits = fam.rstrip("0123456789"), fam[len(fam.rstrip("0123456789")):]
         if op not in OPS or not digits or not 1 <= int(digits) <= 4:
             raise ValueError(f"families: {fam!r} is not <op><digits> with op in {OPS} and digits 1-4")
-        k = train_size // len(fams) + (i < train_size % len(fams))
-        h = heldout_size // len(fams) + (i < heldout_size % len(fams))
-        w = min(pool_size // len(fams) + (i < pool_size % len(fams)), (10 ** int(digits)) ** 2 - k - h)
+        size = 10 ** int(digits) * (1 if op == "copy" else 10 ** int(digits))
+        if k + h > size:
+            raise ValueError(f"families: {fam!r} has {size} problems, fewer than its {k} training + {h} held-out tasks")
+        w = min(w, size - k - h)
         tr, he = addition_tasks(digits=int(digits), seed=seed, train_size=k + w, heldout_size=h, op=op)
         for t in [*tr, *he]:
             t.meta["family"] = fam
