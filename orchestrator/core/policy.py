@@ -7,9 +7,9 @@ speaks, and are otherwise the least surprising choice.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from orchestrator.core.errors import describe_errors
 
@@ -44,6 +44,18 @@ def valid_fields_hint(errors: list[dict]) -> str:
         fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
         hint += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
     return hint
+
+
+def _registered_mode(name: str, info: ValidationInfo) -> str:
+    """A mode field's value: a name in its registry (:data:`orchestrator.core.modes.MODES`), else
+    ValueError listing the registered names."""
+    from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
+
+    return MODES[info.field_name].check(name)
+
+
+Mode = Annotated[str, AfterValidator(_registered_mode)]
+"""The name of a registered mode of the field's extension point (:mod:`orchestrator.core.modes`)."""
 
 
 class FilterConfig(BaseModel):
@@ -103,14 +115,15 @@ class ResamplingPolicy(BaseModel):
         description="Replenish rounds allowed per batch after the initial round; 0 = unlimited "
         "(for none at all, use replenish='none').",
     )
-    on_cap: Literal["pad", "partial", "raise"] = Field(
+    on_cap: Mode = Field(
         "pad",
-        description="When the cap is hit: 'pad' fills with dropped groups marked as padding (zero loss "
+        description="When the cap is hit (a mode of orchestrator.core.modes.ON_CAP): 'pad' fills with dropped groups marked as padding (zero loss "
         "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
     )
-    replenish: Literal["fresh_tasks", "same_tasks", "none"] = Field(
+    replenish: Mode = Field(
         "fresh_tasks",
-        description="'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
+        description="Which tasks replenish rounds roll out (a mode of orchestrator.core.modes.REPLENISH): "
+        "'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
         "prompts dropped in this batch, topped up with fresh ones; 'none' is filter-only: "
         "uninformative groups are dropped and nothing is replenished (each batch closes after its "
         "initial round, per on_cap). Default 'fresh_tasks', or 'none' when filter.enabled is false "
@@ -129,19 +142,20 @@ class ResamplingPolicy(BaseModel):
         "version when its batch is assembled minus the model version that produced it; a lag above "
         "max_staleness is stale (lag == max_staleness is fresh). None = never stale.",
     )
-    stale_members: Literal["oldest", "mask"] = Field(
+    stale_members: Mode = Field(
         "oldest",
-        description="'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
+        description="What a group with stale members gets (a mode of orchestrator.core.modes.STALE_MEMBERS): "
+        "'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
         "'mask': stale members get zero loss weight and leave the baseline, the group stays while "
         "min_valid_group_size members remain and still differ.",
     )
     requeue_stale: bool = Field(
         False, description="Roll the task of a group dropped as stale again in the next round (else it waits for its epoch)."
     )
-    group_validity: Literal["reject", "mask"] = Field(
+    group_validity: Mode = Field(
         "reject",
         description="A group with a NaN/inf/missing reward or judged value, or fewer than group_size "
-        "rollouts: 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
+        "rollouts (a mode of orchestrator.core.modes.GROUP_VALIDITY): 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
         "out of the filter and the baseline, and keeps the group when min_valid_group_size remain.",
     )
     min_valid_group_size: int = Field(
