@@ -13,6 +13,10 @@ stats views) is composed of parts, one job each:
 - :mod:`orchestrator.core.release`: batches out (staleness at assembly, padding, ``on_cap``);
 - :mod:`orchestrator.core.state`: save, load and the version-1 migration.
 
+The policy's modes are strategy objects the parts look up by the policy's value, one registry
+per extension point: :mod:`orchestrator.core.modes` (``group_validity``, ``stale_members``,
+``replenish``, ``on_cap``) and :mod:`orchestrator.core.selection` (``selection``).
+
 How a held group is checkpointed (packed as columns, written once with the commit that made it
 held, released by a later one): see the docstring of :mod:`orchestrator.service.store`, and
 :mod:`orchestrator.service.persist` for what each commit takes from the core.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
+from pydantic_core import core_schema
 
 from orchestrator.core.errors import describe_errors
 
@@ -46,16 +47,24 @@ def valid_fields_hint(errors: list[dict]) -> str:
     return hint
 
 
-def _registered_mode(name: str, info: ValidationInfo) -> str:
-    """A mode field's value: a name in its registry (:data:`orchestrator.core.modes.MODES`), else
-    ValueError listing the registered names."""
-    from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
+class Registered:
+    """Metadata of a mode field (``Annotated[str, Registered(field)]``): its value must name a mode
+    registered for the field (:data:`orchestrator.core.modes.MODES`), else ValueError listing the
+    registered ones. Shown in the config tables as the names registered."""
 
-    return MODES[info.field_name].check(name)
+    def __init__(self, field: str) -> None:
+        self.field = field
 
+    def registry(self) -> dict:
+        from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
 
-Mode = Annotated[str, AfterValidator(_registered_mode)]
-"""The name of a registered mode of the field's extension point (:mod:`orchestrator.core.modes`)."""
+        return MODES[self.field]
+
+    def __get_pydantic_core_schema__(self, source: type, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(lambda name: self.registry().check(name), handler(source))
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(map(repr, sorted(self.registry())))
 
 
 class FilterConfig(BaseModel):
@@ -115,12 +124,12 @@ class ResamplingPolicy(BaseModel):
         description="Replenish rounds allowed per batch after the initial round; 0 = unlimited "
         "(for none at all, use replenish='none').",
     )
-    on_cap: Mode = Field(
+    on_cap: Annotated[str, Registered("on_cap")] = Field(
         "pad",
         description="When the cap is hit (a mode of orchestrator.core.modes.ON_CAP): 'pad' fills with dropped groups marked as padding (zero loss "
         "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
     )
-    replenish: Mode = Field(
+    replenish: Annotated[str, Registered("replenish")] = Field(
         "fresh_tasks",
         description="Which tasks replenish rounds roll out (a mode of orchestrator.core.modes.REPLENISH): "
         "'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
@@ -142,7 +151,7 @@ class ResamplingPolicy(BaseModel):
         "version when its batch is assembled minus the model version that produced it; a lag above "
         "max_staleness is stale (lag == max_staleness is fresh). None = never stale.",
     )
-    stale_members: Mode = Field(
+    stale_members: Annotated[str, Registered("stale_members")] = Field(
         "oldest",
         description="What a group with stale members gets (a mode of orchestrator.core.modes.STALE_MEMBERS): "
         "'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
@@ -152,7 +161,7 @@ class ResamplingPolicy(BaseModel):
     requeue_stale: bool = Field(
         False, description="Roll the task of a group dropped as stale again in the next round (else it waits for its epoch)."
     )
-    group_validity: Mode = Field(
+    group_validity: Annotated[str, Registered("group_validity")] = Field(
         "reject",
         description="A group with a NaN/inf/missing reward or judged value, or fewer than group_size "
         "rollouts (a mode of orchestrator.core.modes.GROUP_VALIDITY): 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
