@@ -8,7 +8,9 @@ cap). Each is an extension point in the style of the task selection
 name (:data:`GROUP_VALIDITY`, :data:`STALE_MEMBERS`, :data:`REPLENISH`, :data:`ON_CAP`), filled
 by its decorator (:func:`register_group_validity`, ...). The policy's field accepts exactly the
 registered names, and the core looks its value up (``ON_CAP[policy.on_cap]``) and calls only the
-base class's methods. Adding a mode is one subclass with the decorator, in one file.
+base class's methods. Adding a mode is one subclass with the decorator, in one file, imported
+before a policy names it (a mode shipped with the package: here, or imported at the end of this
+module, as :mod:`orchestrator.core.selection` imports :mod:`orchestrator.core.greso`).
 
 A mode is registered as one instance (modes hold no state; they read and change the core they
 are given, as the core's parts do).
@@ -48,12 +50,6 @@ class Registry(dict, Generic[M]):
             raise ValueError(f"{self.field} {cls.name!r} is already registered ({type(old).__qualname__})")
         self[cls.name] = cls()
         return cls
-
-    def check(self, name: Any) -> str:
-        """``name`` when it is registered (the policy field's validator), else ValueError listing the registered ones."""
-        if name not in self:
-            raise ValueError(f"unknown mode {name!r}; registered: {sorted(self)}")
-        return name
 
 
 # ------------------------------------------------------------------------------ group_validity
@@ -280,4 +276,5 @@ class RaiseOnCap(OnCap):
 
 
 MODES: dict[str, Registry] = {r.field: r for r in (GROUP_VALIDITY, STALE_MEMBERS, REPLENISH, ON_CAP)}
-"""Policy field -> its registry (the policy's validator looks names up here)."""
+"""Policy field -> its registry (the policy's fields accept the names registered here:
+:class:`orchestrator.core.policy.Registered`)."""

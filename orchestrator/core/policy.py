@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
-from pydantic_core import core_schema
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, model_validator
+from pydantic_core import PydanticCustomError, core_schema
 
 from orchestrator.core.errors import describe_errors
 
@@ -48,23 +48,36 @@ def valid_fields_hint(errors: list[dict]) -> str:
 
 
 class Registered:
-    """Metadata of a mode field (``Annotated[str, Registered(field)]``): its value must name a mode
-    registered for the field (:data:`orchestrator.core.modes.MODES`), else ValueError listing the
-    registered ones. Shown in the config tables as the names registered."""
+    """Metadata of a mode field (``Annotated[str, Registered(field)]``): the value must name a mode
+    registered for the field (:data:`orchestrator.core.modes.MODES`), refused in the words of a
+    ``Literal`` of the registered names (``Input should be 'pad', 'partial' or 'raise'``), and
+    listed as one in the JSON schema (the REST API's) and the config tables."""
 
     def __init__(self, field: str) -> None:
         self.field = field
 
-    def registry(self) -> dict:
+    def names(self) -> list[str]:
+        """The registered names, in the order they were registered."""
         from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
 
-        return MODES[self.field]
+        return list(MODES[self.field])
+
+    def validate(self, value: object) -> str:
+        names = self.names()
+        if isinstance(value, str) and value in names:
+            return value
+        quoted = list(map(repr, names))
+        expected = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
     def __get_pydantic_core_schema__(self, source: type, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(lambda name: self.registry().check(name), handler(source))
+        return core_schema.no_info_plain_validator_function(self.validate)
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        return {"enum": self.names(), "type": "string"}
 
     def __str__(self) -> str:
-        return "one of " + ", ".join(map(repr, sorted(self.registry())))
+        return "one of " + ", ".join(map(repr, self.names()))
 
 
 class FilterConfig(BaseModel):
@@ -126,8 +139,9 @@ class ResamplingPolicy(BaseModel):
     )
     on_cap: Annotated[str, Registered("on_cap")] = Field(
         "pad",
-        description="When the cap is hit (a mode of orchestrator.core.modes.ON_CAP): 'pad' fills with dropped groups marked as padding (zero loss "
-        "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
+        description="When the cap is hit (a mode of orchestrator.core.modes.ON_CAP): 'pad' fills with dropped "
+        "groups marked as padding (zero loss weight), 'partial' emits a smaller batch flagged partial, 'raise' "
+        "raises ReplenishCapError.",
     )
     replenish: Annotated[str, Registered("replenish")] = Field(
         "fresh_tasks",
@@ -164,8 +178,9 @@ class ResamplingPolicy(BaseModel):
     group_validity: Annotated[str, Registered("group_validity")] = Field(
         "reject",
         description="A group with a NaN/inf/missing reward or judged value, or fewer than group_size "
-        "rollouts (a mode of orchestrator.core.modes.GROUP_VALIDITY): 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
-        "out of the filter and the baseline, and keeps the group when min_valid_group_size remain.",
+        "rollouts (a mode of orchestrator.core.modes.GROUP_VALIDITY): 'reject' refuses it whole; 'mask' gives "
+        "those members zero loss weight, leaves them out of the filter and the baseline, and keeps the group "
+        "when min_valid_group_size remain.",
     )
     min_valid_group_size: int = Field(
         2, ge=2, le=1024, description="Valid members a group needs under group_validity='mask' (and stale_members='mask')."

@@ -62,14 +62,33 @@ def test_each_registry_holds_its_built_in_modes():
     assert set(MODES) == {"group_validity", "stale_members", "replenish", "on_cap"}
 
 
-@pytest.mark.parametrize("field", ["group_validity", "stale_members", "replenish", "on_cap"])
-def test_an_unknown_mode_is_refused_naming_the_field_and_the_registered_names(field):
-    known = re.escape(str(sorted(MODES[field])))
-    with pytest.raises(InvalidPolicyError, match=rf"^invalid resampling policy: {field}: unknown mode 'bogus'; registered: {known}$") as err:
+@pytest.mark.parametrize("field, expected", [
+    ("group_validity", "'reject' or 'mask'"),
+    ("stale_members", "'oldest' or 'mask'"),
+    ("replenish", "'fresh_tasks', 'same_tasks' or 'none'"),
+    ("on_cap", "'pad', 'partial' or 'raise'"),
+])
+def test_an_unknown_mode_is_refused_naming_the_field_and_the_registered_names(field, expected):
+    message = f"invalid resampling policy: {field}: Input should be {expected} (got 'bogus')"
+    with pytest.raises(InvalidPolicyError, match=f"^{re.escape(message)}$") as err:
         ResamplingPolicy.parse({field: "bogus"})
-    assert err.value.errors[0]["loc"] == [field]
-    with pytest.raises(InvalidPolicyError, match=rf"{field}: unknown mode 'bogus'"):
-        ResamplingPolicy().updated({field: "bogus"})  # a run-time change (REST PATCH, CLI)
+    assert err.value.errors == [{"loc": [field], "msg": f"Input should be {expected}", "type": "literal_error"}]
+    with pytest.raises(InvalidPolicyError, match=re.escape(f"{field}: Input should be {expected} (got 3)")):
+        ResamplingPolicy().updated({field: 3})  # a run-time change (REST PATCH, CLI)
+
+
+def test_a_registered_mode_is_accepted_listed_in_the_refusal_and_in_the_json_schema(registries):
+    @register_on_cap
+    class NoPad(OnCap):
+        name = "test_no_pad"
+
+        def padding(self, core, kept):
+            return 0
+
+    assert ResamplingPolicy.parse({"on_cap": "test_no_pad"}).on_cap == "test_no_pad"
+    with pytest.raises(InvalidPolicyError, match=re.escape("on_cap: Input should be 'pad', 'partial', 'raise' or 'test_no_pad'")):
+        ResamplingPolicy.parse({"on_cap": "bogus"})
+    assert ResamplingPolicy.model_json_schema()["properties"]["on_cap"]["enum"] == ["pad", "partial", "raise", "test_no_pad"]
 
 
 def test_the_built_in_names_are_accepted_as_before():
