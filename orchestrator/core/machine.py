@@ -13,6 +13,10 @@ stats views) is composed of parts, one job each:
 - :mod:`orchestrator.core.release`: batches out (staleness at assembly, padding, ``on_cap``);
 - :mod:`orchestrator.core.state`: save, load and the version-1 migration.
 
+The policy's modes are strategy objects the parts look up by the policy's value, one registry
+per extension point: :mod:`orchestrator.core.modes` (``group_validity``, ``stale_members``,
+``replenish``, ``on_cap``) and :mod:`orchestrator.core.selection` (``selection``).
+
 How a held group is checkpointed (packed as columns, written once with the commit that made it
 held, released by a later one): see the docstring of :mod:`orchestrator.service.store`, and
 :mod:`orchestrator.service.persist` for what each commit takes from the core.
@@ -68,9 +72,9 @@ from orchestrator.core.errors import DataExhaustedError, ReplenishCapError, shor
 from orchestrator.core.history import TaskHistory
 from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
-from orchestrator.core.release import ROUNDS_KEPT, Release, flagged, rollout_lags  # noqa: F401
+from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
 from orchestrator.core.rounds import OPEN_ROUNDS_KEPT, RoundPlan, Rounds  # noqa: F401
-from orchestrator.core.rows import GroupRows
+from orchestrator.core.rows import GroupRows, flagged  # noqa: F401
 from orchestrator.core.selection import TaskSelection, make_selection
 from orchestrator.core.state import CoreState, group_from_dict, group_to_dict, json_safe  # noqa: F401
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio

@@ -7,9 +7,10 @@ speaks, and are otherwise the least surprising choice.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, model_validator
+from pydantic_core import PydanticCustomError, core_schema
 
 from orchestrator.core.errors import describe_errors
 
@@ -44,6 +45,39 @@ def valid_fields_hint(errors: list[dict]) -> str:
         fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
         hint += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
     return hint
+
+
+class Registered:
+    """Metadata of a mode field (``Annotated[str, Registered(field)]``): the value must name a mode
+    registered for the field (:data:`orchestrator.core.modes.MODES`), refused in the words of a
+    ``Literal`` of the registered names (``Input should be 'pad', 'partial' or 'raise'``), and
+    listed as one in the JSON schema (the REST API's) and the config tables."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def names(self) -> list[str]:
+        """The registered names, in the order they were registered."""
+        from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
+
+        return list(MODES[self.field])
+
+    def validate(self, value: object) -> str:
+        names = self.names()
+        if isinstance(value, str) and value in names:
+            return value
+        quoted = list(map(repr, names))
+        expected = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+    def __get_pydantic_core_schema__(self, source: type, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.validate)
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        return {"enum": self.names(), "type": "string"}
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(map(repr, self.names()))
 
 
 class FilterConfig(BaseModel):
@@ -103,14 +137,16 @@ class ResamplingPolicy(BaseModel):
         description="Replenish rounds allowed per batch after the initial round; 0 = unlimited "
         "(for none at all, use replenish='none').",
     )
-    on_cap: Literal["pad", "partial", "raise"] = Field(
+    on_cap: Annotated[str, Registered("on_cap")] = Field(
         "pad",
-        description="When the cap is hit: 'pad' fills with dropped groups marked as padding (zero loss "
-        "weight), 'partial' emits a smaller batch flagged partial, 'raise' raises ReplenishCapError.",
+        description="When the cap is hit (a mode of orchestrator.core.modes.ON_CAP): 'pad' fills with dropped "
+        "groups marked as padding (zero loss weight), 'partial' emits a smaller batch flagged partial, 'raise' "
+        "raises ReplenishCapError.",
     )
-    replenish: Literal["fresh_tasks", "same_tasks", "none"] = Field(
+    replenish: Annotated[str, Registered("replenish")] = Field(
         "fresh_tasks",
-        description="'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
+        description="Which tasks replenish rounds roll out (a mode of orchestrator.core.modes.REPLENISH): "
+        "'fresh_tasks' draws new prompts (as the DAPO paper); 'same_tasks' re-rolls the "
         "prompts dropped in this batch, topped up with fresh ones; 'none' is filter-only: "
         "uninformative groups are dropped and nothing is replenished (each batch closes after its "
         "initial round, per on_cap). Default 'fresh_tasks', or 'none' when filter.enabled is false "
@@ -129,20 +165,22 @@ class ResamplingPolicy(BaseModel):
         "version when its batch is assembled minus the model version that produced it; a lag above "
         "max_staleness is stale (lag == max_staleness is fresh). None = never stale.",
     )
-    stale_members: Literal["oldest", "mask"] = Field(
+    stale_members: Annotated[str, Registered("stale_members")] = Field(
         "oldest",
-        description="'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
+        description="What a group with stale members gets (a mode of orchestrator.core.modes.STALE_MEMBERS): "
+        "'oldest': a group's oldest member decides, the whole group is dropped as 'stale'; "
         "'mask': stale members get zero loss weight and leave the baseline, the group stays while "
         "min_valid_group_size members remain and still differ.",
     )
     requeue_stale: bool = Field(
         False, description="Roll the task of a group dropped as stale again in the next round (else it waits for its epoch)."
     )
-    group_validity: Literal["reject", "mask"] = Field(
+    group_validity: Annotated[str, Registered("group_validity")] = Field(
         "reject",
         description="A group with a NaN/inf/missing reward or judged value, or fewer than group_size "
-        "rollouts: 'reject' refuses it whole; 'mask' gives those members zero loss weight, leaves them "
-        "out of the filter and the baseline, and keeps the group when min_valid_group_size remain.",
+        "rollouts (a mode of orchestrator.core.modes.GROUP_VALIDITY): 'reject' refuses it whole; 'mask' gives "
+        "those members zero loss weight, leaves them out of the filter and the baseline, and keeps the group "
+        "when min_valid_group_size remain.",
     )
     min_valid_group_size: int = Field(
         2, ge=2, le=1024, description="Valid members a group needs under group_validity='mask' (and stale_members='mask')."

@@ -9,15 +9,11 @@ members; see the module docstring of :mod:`orchestrator.core.machine`), a short 
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
-from algos.dapo import GroupReason, classify_groups
-from orchestrator.core.errors import ReplenishCapError
-from orchestrator.core.rows import GroupRows
+from algos.dapo import GroupReason
+from orchestrator.core.modes import ON_CAP, STALE_MEMBERS
+from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.stats import ratio
 from orchestrator.core.types import Batch
 
@@ -37,30 +33,14 @@ def rollout_lags(batch: Batch) -> np.ndarray:
     return batch.model_version - versions[trained].astype(np.int64)
 
 
-def flagged(rollouts: list, flags: dict[str, Any], which: Callable[[Any], bool] | None = None) -> list:
-    """``rollouts`` with ``flags`` added to the ``info`` of each (of those where ``which(r)``
-    when given), as copies: a shallow copy of the rollout with a copy of its ``info``; the
-    others are the same objects.
-
-    A held group's rollouts are never changed in place once accepted: the state store may be
-    pickling them in its worker thread (the commit of the change that made the group held),
-    and a dict that grows while it is pickled fails the commit; what a commit writes is the
-    group as it was when the commit was prepared."""
-    out = []
-    for r in rollouts:
-        if which is None or which(r):
-            r = copy.copy(r)
-            r.info = {**r.info, **flags}
-        out.append(r)
-    return out
-
-
 class Release:
     """Staleness at assembly, padding and release of batches; a part of
     :class:`~orchestrator.core.machine.OrchestratorCore`, whose attributes it uses."""
 
     def _drop_stale(self) -> None:
-        """Apply ``max_staleness`` to the carry pool, per member (see the module docstring)."""
+        """Apply ``max_staleness`` to the carry pool, per member (see the module docstring): a
+        group with stale members is dropped as ``stale`` unless the ``stale_members`` mode
+        (:data:`orchestrator.core.modes.STALE_MEMBERS`) keeps it."""
         p = self.policy
         if p.max_staleness is None or not self.carry:
             return
@@ -73,8 +53,9 @@ class Release:
             return
         keep = ~hit
         valid = carry.valid.copy()  # never written in place: a commit may be pickling the old one
+        mode = STALE_MEMBERS[p.stale_members]
         for i in np.flatnonzero(hit).tolist():
-            if p.stale_members == "mask" and (masked := self._mask_stale(carry, i, stale[i])) is not None:
+            if (masked := mode.keep(self, carry, i, stale[i])) is not None:
                 valid[i] = masked
                 keep[i] = True
         carry = carry.with_valid(valid)
@@ -84,25 +65,6 @@ class Release:
         if p.requeue_stale:
             self.requeue.extend(dropped.task_ids)
         self.carry = carry.take(keep)
-
-    def _mask_stale(self, rows: GroupRows, i: int, stale: np.ndarray) -> np.ndarray | None:
-        """Mask the stale members of group ``i`` of ``rows`` if it stays usable (enough members,
-        still informative): its new (n,) valid flags (its rollouts flagged, on copies), else None."""
-        values, valid = rows.values[i], rows.valid[i] & ~stale
-        if valid.sum() < self.policy.min_valid_group_size:
-            return None
-        f = self.policy.filter
-        if f.enabled:
-            keep, _ = classify_groups(
-                values[None], std_tol=f.std_tol, correct_threshold=f.correct_threshold,
-                wrong_threshold=f.wrong_threshold, band=f.band, valid=valid[None],
-            )
-            if not keep[0]:
-                return None
-        if rows.rollouts[i]:
-            rows.rollouts[i] = flagged(rows.rollouts[i], {"dso_masked": "stale", "dso_loss_weight": 0.0}, lambda r: stale[r.eid.run])
-        self.counters["rollouts_masked"] += int(stale.sum())
-        return valid
 
     def _release(self, groups: GroupRows, padding: int, partial: bool) -> Batch:
         """Release ``groups`` and the last ``padding`` candidates (as padding) as the next batch;
@@ -161,22 +123,18 @@ class Release:
     def close_at_cap(self) -> Batch:
         """Close the open batch when the cap is reached, per ``policy.on_cap``.
 
-        ``pad``: the kept groups plus the most recent dropped groups as padding (batch of
-        exactly ``target_groups`` when enough dropped groups exist, else flagged partial);
-        ``partial``: the kept groups only, flagged partial;
-        ``raise``: raises :class:`ReplenishCapError` and changes nothing.
+        The mode (:data:`orchestrator.core.modes.ON_CAP`) says how many padding candidates join
+        the kept groups: ``pad`` the most recent dropped groups as padding (batch of exactly
+        ``target_groups`` when enough dropped groups exist, else flagged partial); ``partial``
+        none (the kept groups only, flagged partial); ``raise`` raises :class:`ReplenishCapError`
+        and changes nothing.
         """
         self._drop_stale()
         p = self.policy
         kept = self.carry.take(slice(None, p.target_groups))
-        if p.on_cap == "raise":
-            raise ReplenishCapError(
-                f"max_replenish_rounds: batch {self.batch_id} has {len(kept)} of {p.target_groups} informative "
-                f"groups after {max(0, self.rounds_submitted - 1)} replenish rounds (cap {p.max_replenish_rounds})"
-            )
+        padding = ON_CAP[p.on_cap].padding(self, kept)
         self.counters["cap_hits"] += 1
         self.carry = self.carry.take(slice(len(kept), None))
-        padding = min(p.target_groups - len(kept), len(self.candidates)) if p.on_cap == "pad" else 0
         partial = len(kept) + padding < p.target_groups
         return self._release(kept, padding, partial=partial)
 

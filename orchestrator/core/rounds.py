@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.core.errors import short_repr
+from orchestrator.core.modes import REPLENISH
 from orchestrator.core.selection import SelectionContext, TaskSelection, make_selection
 from orchestrator.core.types import Purpose, UnknownTaskError
+from orchestrator.core.validate import unknown_task
 
 OPEN_ROUNDS_KEPT = 64
 """Planned rounds whose groups are still awaited, kept for the predicted-vs-realised keep rate."""
@@ -48,7 +50,7 @@ class Rounds:
         try:
             return self._index[task_id]
         except KeyError:
-            raise UnknownTaskError(f"task_id: unknown task {short_repr(task_id)} (task set has {len(self.task_ids)} tasks)") from None
+            raise UnknownTaskError(unknown_task(task_id, len(self.task_ids))) from None
         except TypeError:  # unhashable
             raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
 
@@ -87,10 +89,7 @@ class Rounds:
     def select_tasks(self, count: int) -> list[str]:
         """Up to ``count`` next tasks (see :meth:`_draw_tasks`), within ``max_epochs`` and the rollout
         budget (``max_rollouts`` counts ``group_size`` rollouts per task handed out)."""
-        left = self.rollouts_left()
-        if left is not None:
-            count = min(count, left // self.policy.group_size)
-        tasks = self._draw_tasks(count)
+        tasks = self._draw_tasks(self._affordable(count))
         self.counters["rollouts_planned"] += len(tasks) * self.policy.group_size
         return tasks
 
@@ -128,6 +127,11 @@ class Rounds:
         c = self.counters
         return max(0, self.policy.max_rollouts - c["rollouts_planned"])
 
+    def _affordable(self, count: int) -> int:
+        """``count`` tasks, capped at the groups (``group_size`` rollouts each) the rollout budget still pays for."""
+        left = self.rollouts_left()
+        return count if left is None else min(count, left // self.policy.group_size)
+
     def exhausted(self) -> bool:
         """True when no further round can be planned: epochs done, or no budget for one more group."""
         left = self.rollouts_left()
@@ -144,16 +148,15 @@ class Rounds:
     def cap_reached(self) -> bool:
         """True when the open batch may not start another replenish round.
 
-        Filter-only mode (``replenish='none'``): as soon as the initial round has run.
+        The ``replenish`` mode decides (:meth:`orchestrator.core.modes.Replenish.capped`):
+        after ``max_replenish_rounds`` replenish rounds, or filter-only (``replenish='none'``) as
+        soon as the initial round has run.
         """
         if self.missing_groups() == 0 or self.rounds_started == 0:
             return False
         if self.policy.screen_rollouts and not self.carry and not self.candidates:
             return False  # every group so far was a stopped screen: nothing to release yet (no empty batch)
-        if self.policy.replenish == "none":
-            return True
-        cap = self.policy.max_replenish_rounds
-        return cap > 0 and self.rounds_started > cap
+        return REPLENISH[self.policy.replenish].capped(self.rounds_started, self.policy.max_replenish_rounds)
 
     def replenish_blocked(self) -> bool:
         """True when the next round would be a replenish round and replenishment is paused."""
@@ -164,9 +167,10 @@ class Rounds:
 
         ``count = min(ceil(missing / max(min_keep_rate, p_keep)), max_tasks_per_round)``,
         and no more than the rollout budget pays for. Tasks of stale groups (``requeue_stale``)
-        come first. With ``replenish='same_tasks'``, replenish rounds then re-roll this batch's
-        dropped tasks (oldest first; not those a skip rule has just put in cooldown) and top up
-        with fresh tasks. Plans nothing once :meth:`exhausted`.
+        come first; in a replenish round, the ``replenish`` mode's re-rolls next
+        (:meth:`orchestrator.core.modes.Replenish.rerolls`: with ``same_tasks``, this batch's
+        dropped tasks, oldest first, not those a skip rule has just put in cooldown); fresh
+        tasks top up. Plans nothing once :meth:`exhausted`.
         """
         missing = self.missing_groups()
         rnd = self.rounds_started
@@ -176,16 +180,10 @@ class Rounds:
         ctx = self._context()
         informative = self.selection.sizes_by_prediction
         p = self.policy.min_keep_rate if informative else max(self.policy.min_keep_rate, self.predicted_keep_rate())
-        count = min(math.ceil(missing / p), self.policy.max_tasks_per_round)
-        left = self.rollouts_left()
-        if left is not None:
-            count = min(count, left // self.policy.group_size)
+        count = self._affordable(min(math.ceil(missing / p), self.policy.max_tasks_per_round))
         task_ids, self.requeue = self.requeue[:count], self.requeue[count:]
-        if rnd > 0 and self.policy.replenish == "same_tasks":
-            skip_until = self.history.skip_until_epoch
-            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
-            take = count - len(task_ids)
-            task_ids, self.dropped_task_ids = task_ids + rerolls[:take], rerolls[take:]
+        if rnd > 0:
+            task_ids += REPLENISH[self.policy.replenish].rerolls(self, count - len(task_ids))
         taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
         need = missing - float(ctx.informative[taken].sum()) if informative else None
         task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
@@ -277,9 +275,10 @@ class Rounds:
     def next_tasks(self, count: int) -> list[str]:
         """``count`` tasks for one step of an external explorer (Trinity reads a fixed number).
 
-        Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then with
-        ``replenish='same_tasks'`` this batch's dropped tasks (not those a skip rule has just
-        put in cooldown), then fresh tasks in epoch order (:meth:`select_tasks`). Every task
+        Order: tasks requeued after an explorer restart (:meth:`requeue_in_flight`), then the
+        ``replenish`` mode's re-rolls (:meth:`orchestrator.core.modes.Replenish.rerolls`; with
+        ``same_tasks``, this batch's dropped tasks not in a skip-rule cooldown), then fresh tasks
+        in epoch order (:meth:`select_tasks`). Every task
         handed out stays "in flight" until its group is submitted. At the end of data
         (:meth:`exhausted`: ``max_epochs`` passed, or the ``max_rollouts`` budget spent) fewer
         come back, none once only requeued tasks were left; new tasks (re-rolls included)
@@ -291,19 +290,11 @@ class Rounds:
         if count < 1:
             raise ValueError(f"count: must be >= 1, got {count}")
         tasks, self.requeued = self.requeued[:count], self.requeued[count:]
-        want = count - len(tasks)
-        left = self.rollouts_left()
-        if left is not None:
-            want = min(want, left // self.policy.group_size)
-        if self.epochs_done():
-            want = 0
-        if self.policy.replenish == "same_tasks" and want > 0:
-            skip_until = self.history.skip_until_epoch
-            rerolls = [t for t in self.dropped_task_ids if skip_until[self._index[t]] <= self.epoch]
-            take = rerolls[:want]
+        want = 0 if self.epochs_done() else self._affordable(count - len(tasks))
+        if want > 0:
+            take = REPLENISH[self.policy.replenish].rerolls(self, want)
             tasks += take
             want -= len(take)
-            self.dropped_task_ids = rerolls[len(take):]
             self.counters["rollouts_planned"] += len(take) * self.policy.group_size
         while want > 0 and not self.exhausted():  # select_tasks may fall short when every task cools down
             more = self.select_tasks(want)

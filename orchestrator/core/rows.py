@@ -12,9 +12,10 @@ Pure data, no state beyond the rows: no Ray, no I/O.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,3 +139,21 @@ class GroupRows:
     def with_valid(self, valid: np.ndarray) -> GroupRows:
         """The same rows with ``valid`` replaced (a new (G, n) bool array; the lists are shared)."""
         return GroupRows(*self.fields(), self.rewards, self.values, valid, self.versions, self.task_index)
+
+
+def flagged(rollouts: list, flags: dict[str, Any], which: Callable[[Any], bool] | None = None) -> list:
+    """``rollouts`` with ``flags`` added to the ``info`` of each (of those where ``which(r)``
+    when given), as copies: a shallow copy of the rollout with a copy of its ``info``; the
+    others are the same objects.
+
+    A held group's rollouts are never changed in place once accepted: the state store may be
+    pickling them in its worker thread (the commit of the change that made the group held),
+    and a dict that grows while it is pickled fails the commit; what a commit writes is the
+    group as it was when the commit was prepared."""
+    out = []
+    for r in rollouts:
+        if which is None or which(r):
+            r = copy.copy(r)
+            r.info = {**r.info, **flags}
+        out.append(r)
+    return out

@@ -1,8 +1,9 @@
 """Groups into :class:`~orchestrator.core.machine.OrchestratorCore`: :class:`Submit`.
 
 Judge and validate each group (the list route, :meth:`Submit.submit`, and the table route,
-:meth:`Submit.submit_table`, with the row rules of :mod:`orchestrator.core.validate` and
-:mod:`orchestrator.core.table`), count it in its round, classify it
+:meth:`Submit.submit_table` with :func:`orchestrator.core.table.check_table`; both with the row
+rules of :mod:`orchestrator.core.validate` and the ``group_validity`` mode of
+:mod:`orchestrator.core.modes`), count it in its round, classify it
 (:func:`algos.dapo.classify_groups`), and keep it (carry pool, padding candidates) or drop it
 with a reason; held groups can be dropped as lost (:meth:`Submit.drop_held`).
 """
@@ -12,18 +13,17 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import math
 import operator
 
 import numpy as np
 
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
 from orchestrator.core.errors import short_repr
-from orchestrator.core.release import flagged
-from orchestrator.core.rows import GroupRows
+from orchestrator.core.modes import GROUP_VALIDITY
+from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.table import CheckedTable, check_table, table_error
 from orchestrator.core.types import Group, GroupTable, Purpose, UnknownTaskError
-from orchestrator.core.validate import check_group
+from orchestrator.core.validate import check_group, member_problem, wrong_size
 
 log = logging.getLogger("trinity_dso.core")
 
@@ -48,8 +48,9 @@ class Submit:
         return "accuracy" if any("accuracy" in r.metrics for r in group.rollouts) else "reward"
 
     def _judge_rows(self, group: Group) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """(n,) judged values by run (NaN where unusable), (n,) valid flags, and the problems found."""
-        n = self.policy.group_size
+        """(n,) judged values by run (NaN where unusable), (n,) valid flags, and the problems found
+        (:func:`orchestrator.core.validate.member_problem` of each rollout, in order)."""
+        n, bound, task = self.policy.group_size, self.policy.max_abs_reward, group.task_id
         judge = self.judge_name(group)
         values = np.full(n, np.nan)
         valid = np.zeros(n, dtype=bool)
@@ -57,17 +58,9 @@ class Submit:
         for r in group.rollouts:
             reward = r.reward
             value = reward if judge == "reward" else r.metrics.get(judge)
-            where = f"in run {r.eid.run} of task {group.task_id!r}"
-            if reward is None:
-                problems.append(f"reward: missing (None) {where}")
-            elif not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                problems.append(f"reward: non-finite value {reward!r} {where}")
-            elif abs(reward) > self.policy.max_abs_reward:
-                problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={self.policy.max_abs_reward:g} {where}")
-            elif value is None:
-                problems.append(f"metrics[{judge!r}]: missing {where} (the filter judges it)")
-            elif not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > self.policy.max_abs_reward:
-                problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
+            problem = member_problem(reward, value, judge, bound, r.eid.run, task)
+            if problem is not None:
+                problems.append(problem)
             elif not r.info.get("dso_masked"):
                 values[r.eid.run] = float(value)
                 valid[r.eid.run] = True
@@ -80,22 +73,21 @@ class Submit:
             UnknownTaskError: a task id outside the task set.
             InvalidGroupError: types and storable values (:func:`orchestrator.core.validate.check_group`:
                 wrong types, numpy scalars, values JSON cannot hold, negative or huge version,
-                oversize id), structure (empty, too many or, under ``reject``, too few rollouts;
-                duplicate or out-of-range runs; another task's experience) or values (non-finite
-                or missing reward / judged value under ``reject``; under ``mask``, fewer than
-                ``min_valid_group_size`` usable members).
+                oversize id), structure (empty, too many or, unless the ``group_validity`` mode
+                accepts short groups, too few rollouts; duplicate or out-of-range runs; another
+                task's experience) or values (:func:`orchestrator.core.validate.member_problem`,
+                judged by the ``group_validity`` mode: ``reject`` refuses any problem, ``mask``
+                fewer than ``min_valid_group_size`` usable members).
         """
         p = self.policy
         n = p.group_size
-        mask = p.group_validity == "mask"
+        validity = GROUP_VALIDITY[p.group_validity]
         check_group(g)
         self.task_index(g.task_id)
         if not g.rollouts:
             raise InvalidGroupError(f"rollouts: group of task {g.task_id!r} is empty")
-        if len(g.rollouts) > n or (len(g.rollouts) < n and not mask):
-            raise InvalidGroupError(
-                f"rollouts: group of task {g.task_id!r} has {len(g.rollouts)} rollouts, expected group_size={n}"
-            )
+        if len(g.rollouts) > n or (len(g.rollouts) < n and not validity.accepts_short):
+            raise InvalidGroupError(wrong_size(g.task_id, len(g.rollouts), n))
         runs = [r.eid.run for r in g.rollouts]
         if len(set(runs)) != len(runs):
             dup = next(x for x in runs if runs.count(x) > 1)
@@ -106,14 +98,9 @@ class Submit:
         if other is not None:
             raise InvalidGroupError(f"eid.task: experience of task {other!r} in group of task {g.task_id!r}")
         values, valid, problems = self._judge_rows(g)
-        if problems and not mask:
-            raise InvalidGroupError(problems[0])
-        if mask and valid.sum() < p.min_valid_group_size:
-            why = f" ({problems[0]})" if problems else ""
-            raise InvalidGroupError(
-                f"group_validity: task {g.task_id!r} has {int(valid.sum())} usable rollouts of {n}, below "
-                f"min_valid_group_size={p.min_valid_group_size}{why}"
-            )
+        refusal = validity.refusal(g.task_id, int(valid.sum()), p, problems)
+        if refusal is not None:
+            raise InvalidGroupError(refusal)
         return values, valid
 
     def _fill_columns(self, g: Group, values: np.ndarray, valid: np.ndarray) -> None:

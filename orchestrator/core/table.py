@@ -12,11 +12,11 @@ from typing import NamedTuple
 import numpy as np
 
 from algos.dapo import InvalidGroupError
-from orchestrator.core.errors import short_repr
+from orchestrator.core.modes import GROUP_VALIDITY
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rows import GroupRows
 from orchestrator.core.types import GroupTable, UnknownTaskError
-from orchestrator.core.validate import MAX_INT32
+from orchestrator.core.validate import MAX_INT32, member_problem, unknown_task, wrong_size
 
 
 def table_error(errors: dict[int, str]) -> Exception:
@@ -39,11 +39,13 @@ class CheckedTable(NamedTuple):
 def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, int]) -> CheckedTable:
     """Check every row of a :class:`GroupTable` at once (no state change).
 
-    The same rules as ``OrchestratorCore._check_group`` (the list route), vectorised over the
-    (G, n) columns: a known task, runs a permutation of ``0..n-1``, model versions in
-    [0, 2**31 - 1]; per member a finite reward and judged value within ``max_abs_reward``
-    (``reject``: every member;
-    ``mask``: the others are masked, at least ``min_valid_group_size`` must remain).
+    The rules of the list route (``Submit._check_group`` in :mod:`orchestrator.core.submit`),
+    tested at once over the (G, n) columns: a known task, runs a permutation of ``0..n-1``,
+    model versions in [0, 2**31 - 1]; per member a finite reward and judged value within
+    ``max_abs_reward`` (:func:`orchestrator.core.validate.member_problem`); at least the
+    ``group_validity`` mode's :meth:`~orchestrator.core.modes.GroupValidity.min_usable` usable
+    members (``reject``: every member; ``mask``: ``min_valid_group_size``, the others masked).
+    Each invalid row's message is worded by :func:`_problem`, with the same rules.
 
     Args:
         table: the groups as columns.
@@ -88,8 +90,7 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         bad_row[:] = True
     else:
         bad_row |= (runs != np.arange(n)).any(axis=1)
-    count = usable.sum(axis=1)
-    bad_row |= count < p.min_valid_group_size if p.group_validity == "mask" else count < width
+    bad_row |= usable.sum(axis=1) < GROUP_VALIDITY[p.group_validity].min_usable(p, width)
     errors = {i: _problem(table, i, p, index, runs, rewards, values, versions, judge) for i in np.flatnonzero(bad_row).tolist()}
     values = np.where(usable, values, np.nan)
     oldest = versions.min(axis=1).tolist() if width else [0] * num
@@ -100,32 +101,22 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
 
 def _problem(table: GroupTable, i: int, p: ResamplingPolicy, index: dict[str, int], runs: np.ndarray,
              rewards: np.ndarray, values: np.ndarray, versions: np.ndarray, judge: str) -> str:
-    """The first problem of row ``i`` of a table, worded as the list route words it."""
+    """The first problem of (invalid) row ``i`` of a table, worded as the list route words it."""
     n = p.group_size
     task = table.task_ids[i]
     if not isinstance(task, str) or task not in index:
-        return f"task_id: unknown task {short_repr(task)} (task set has {len(index)} tasks)"
+        return unknown_task(task, len(index))
     if runs.shape[1] != n:
-        return f"rollouts: group of task {task!r} has {runs.shape[1]} rollouts, expected group_size={n}"
+        return wrong_size(task, runs.shape[1], n)
     if (runs[i] != np.arange(n)).any():
         return f"eid.run: run ids {sorted(runs[i].tolist())} of task {task!r} are not 0..{n - 1} once each"
     bad = np.flatnonzero((versions[i] < 0) | (versions[i] > MAX_INT32))
     if bad.size:
         return f"versions: {int(versions[i, bad[0]])} not in [0, {MAX_INT32}] in run {int(bad[0])} of task {task!r}"
     problems = []
-    for run in range(n):
-        reward, value = float(rewards[i, run]), float(values[i, run])
-        where = f"in run {run} of task {task!r}"
-        if not math.isfinite(reward):
-            problems.append(f"reward: non-finite value {reward!r} {where}")
-        elif abs(reward) > p.max_abs_reward:
-            problems.append(f"reward: |{reward!r}| exceeds max_abs_reward={p.max_abs_reward:g} {where}")
-        elif math.isnan(value):
-            problems.append(f"metrics[{judge!r}]: missing or not a number {where} (the filter judges it)")
-        elif not math.isfinite(value) or abs(value) > p.max_abs_reward:
-            problems.append(f"{judge}: non-finite or absurd value {value!r} {where}")
-    if p.group_validity == "mask":
-        why = f" ({problems[0]})" if problems else ""
-        return (f"group_validity: task {task!r} has {n - len(problems)} usable rollouts of {n}, below "
-                f"min_valid_group_size={p.min_valid_group_size}{why}")
-    return problems[0]
+    for run, (reward, value) in enumerate(zip(rewards[i].tolist(), values[i].tolist())):
+        problem = member_problem(reward, None if math.isnan(value) else value, judge, p.max_abs_reward, run, task,
+                                 missing="missing or not a number")  # a NaN in a column: missing or NaN
+        if problem is not None:
+            problems.append(problem)
+    return GROUP_VALIDITY[p.group_validity].refusal(task, n - len(problems), p, problems)

@@ -7,10 +7,19 @@ against the pydantic models below (strict types: ``"3"`` is not an int, a ``nump
 (the filter, the advantage, the sink, the state file, the REST stats) cannot use or store.
 Errors are :class:`~algos.dapo.InvalidGroupError` naming the field, the task and the value,
 each truncated (:func:`orchestrator.core.errors.short_repr`).
+
+The rules both submit routes share are worded here, once: an unknown task
+(:func:`unknown_task`), a group of the wrong size (:func:`wrong_size`), and each member's
+reward and judged value (:func:`member_problem`). The list route (``Submit._check_group`` in
+:mod:`orchestrator.core.submit`) applies them to a group's rollouts one by one; the table route
+(:func:`orchestrator.core.table.check_table`) tests its columns at once and words the first
+problem of each invalid row with them. What a group with unusable members gets is the
+``group_validity`` mode's (:data:`orchestrator.core.modes.GROUP_VALIDITY`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -36,7 +45,7 @@ def _plain_number(value: Any) -> Any:
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, from_attributes=True)
 Number = Annotated[float, Field(allow_inf_nan=True), BeforeValidator(_plain_number)]
 """A Python int or float; NaN and infinities pass here: the core judges them (``reject`` refuses
-them, ``mask`` masks the member; see ``OrchestratorCore._check_group``)."""
+them, ``mask`` masks the member; see :func:`member_problem`)."""
 Count = Annotated[int, Field(ge=0, le=MAX_INT32), BeforeValidator(_plain_number)]
 
 
@@ -110,3 +119,44 @@ def check_group(group: Any) -> None:
                 )
             if np.isnan(np.asarray(r.logprobs, dtype=np.float64)).any():
                 raise InvalidGroupError(f"rollouts.{i}.logprobs: NaN in run {r.eid.run} of task {task}")
+
+
+def unknown_task(task: Any, num_tasks: int) -> str:
+    """The message of a task id outside a task set of ``num_tasks`` tasks."""
+    return f"task_id: unknown task {short_repr(task)} (task set has {num_tasks} tasks)"
+
+
+def wrong_size(task: str, size: int, group_size: int) -> str:
+    """The message of a group of task ``task`` with ``size`` rollouts where ``group_size`` are expected."""
+    return f"rollouts: group of task {task!r} has {size} rollouts, expected group_size={group_size}"
+
+
+def member_problem(reward: Any, value: Any, judge: str, max_abs: float, run: int, task: str,
+                   missing: str = "missing") -> str | None:
+    """The first problem of one member of a group, or None when it is usable.
+
+    In order: a missing (None), non-finite or non-numeric reward, or one above ``max_abs``
+    (``max_abs_reward``); a missing judged value (None), or one that is non-finite, non-numeric
+    or above ``max_abs``.
+
+    Args:
+        reward: the member's reward.
+        value: its judged value (the reward itself when the filter judges the reward).
+        judge: the judged value's name (``filter.judge``, ``auto`` resolved where the route can).
+        run, task: where the member is (named in the message).
+        missing: how a missing judged value is worded (the table route cannot tell a missing
+            metric from a NaN one: ``"missing or not a number"``).
+    """
+    if reward is None:
+        what = "reward: missing (None)"
+    elif not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        what = f"reward: non-finite value {reward!r}"
+    elif abs(reward) > max_abs:
+        what = f"reward: |{reward!r}| exceeds max_abs_reward={max_abs:g}"
+    elif value is None:
+        return f"metrics[{judge!r}]: {missing} in run {run} of task {task!r} (the filter judges it)"
+    elif not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > max_abs:
+        what = f"{judge}: non-finite or absurd value {value!r}"
+    else:
+        return None
+    return f"{what} in run {run} of task {task!r}"
