@@ -54,7 +54,7 @@ from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
 from orchestrator.service.attachment import Attachment, check_judge
 from orchestrator.service.batches import BatchHandOut
-from orchestrator.service.commits import GroupCommit
+from orchestrator.service.commits import SharedCommits
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
 from orchestrator.service.names import (  # noqa: F401 - re-exported: importers of the actor find them here too
@@ -145,7 +145,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         self.attachment: dict[str, Any] = {}
         self._lock = asyncio.Lock()
         # every change is counted (commits.changed) and each call answers once it is written
-        self.commits = GroupCommit(self._prepare, self._rollback)
+        self.commits = SharedCommits(self._prepare, self._rollback)
         # what the next commit writes (see _prepare)
         self._seen: dict[str, str] = {}  # filter label of the last retry_window group keys accepted
         self._seen_order: deque[str] = deque()  # those keys, oldest first
