@@ -1,7 +1,7 @@
 """The orchestrator's names, limits and error types that other modules need without loading the
 actor (Ray, the store, the metrics): clients (:mod:`orchestrator.service.calls`,
 :mod:`orchestrator.service.config`, the REST app), the Trinity plug-ins and the trainer side
-(:mod:`orchestrator.trinity.advantage`) import them from here. :mod:`orchestrator.service.actor`
+(:mod:`orchestrator.trinity.advantage.gigpo_index`) import them from here. :mod:`orchestrator.service.actor`
 re-exports them."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ Per step t of run r (the experience of the model's reply at turn t):
   (Trinity's ``RewardPropagationWorkflow`` convention, for GRPO-style consumers), ``metrics`` hold
   ``success``, ``episode_return`` and ``env_steps``.
 
-``dso_gigpo`` (:class:`orchestrator.trinity.advantage.DsoGiGPOAdvantageFn`, keys ``step_reward``
+``dso_gigpo`` (:class:`orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn`, keys ``step_reward``
 and ``env_state_hash``) reads exactly these fields: groups by ``eid.tid``, trajectories by
 ``eid.rid``, step order by ``eid.step``; the orchestrator's operator sums ``step_reward`` per run.
 

@@ -314,7 +314,7 @@ def test_engine_experiences_survive_trinitys_serialisation(scripted):
 
 @pytest.mark.slow
 def test_engine_gigpo_advantages_from_the_workflows_experiences(engine):
-    from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+    from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
 
     _, wrapper = engine
     n = 4
