@@ -103,8 +103,8 @@ class RedisAnchorIndex(AnchorIndex):
             plus the registry set ``{prefix}:batches``.
         ttl_s: keys expire this long after a batch's last write, > 0.
         chunk_size: steps per Lua call, in [1, 2000] (all chunks go in one pipelined round
-            trip; each call is atomic and blocks the server for its duration, ~10 ms per
-            1000 steps).
+            trip; each call is atomic and blocks the server for its duration, which grows
+            with the chunk: see bench/README.md, "Redis Lua calls").
         read_retries: extra attempts for reads after a connection error (with backoff).
         socket_timeout: seconds, for connect and commands.
         observe: optional ``observe(op, seconds, error)`` called after each operation (e.g.
