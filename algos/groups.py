@@ -62,7 +62,7 @@ def group_value_order(group_ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     ``+0.0`` (``x + 0.0``, as the callers do where the first value of a group is used).
 
     An unstable value sort, then a stable sort by group: a radix sort when the codes fit in 16
-    bits (measured on 25,600 rows in 1,024 groups: 0.5 ms, against 2.6 ms for ``lexsort``).
+    bits, cheaper than ``lexsort`` (see bench/README.md, "Reading and writing experiences").
 
     Args:
         group_ids: (N,) non-negative int codes.

@@ -46,7 +46,9 @@ from trinity.buffer.operators.filters.reward_filter import DAPODynamicSamplingFi
 from trinity.common.experience import EID
 from trinity.common.experience import Experience as TExp
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo_index import DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 
 
 def agent_batch(tasks: int = 64, runs: int = 8, steps: int = 50, states: int = 16, response: int = 16, seed: int = 0):

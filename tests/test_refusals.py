@@ -125,11 +125,10 @@ def _from_moments(**kw):
     return gigpo.normalise_from_moments(one, 2 * one, one, 0 * one, 0 * one, **kw)
 
 
-def _adapter(name: str):
+def _adapter(path: str):
     def make(**kw):
-        from orchestrator.trinity import advantage
-
-        return getattr(advantage, name)(**kw)
+        module, name = path.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)(**kw)
 
     return make
 
@@ -183,14 +182,16 @@ FUNCTIONS = {  # name: (call with the given settings on valid data, {setting: bo
         lambda **kw: gigpo.similarity_anchor_ids(np.zeros(2), ["a b", "a c"], **kw), {"threshold": {"gt": 0, "le": 1}},
     ),
     # the Trinity adapters' numeric arguments (their YAML names)
-    "orchestrator.trinity.advantage.DsoGRPOAdvantageFn": (_adapter("DsoGRPOAdvantageFn"), {"epsilon": {"gt": 0}}),
-    "orchestrator.trinity.advantage.DsoGiGPOAdvantageFn": (
-        _adapter("DsoGiGPOAdvantageFn"),
+    "orchestrator.trinity.advantage.grpo.DsoGRPOAdvantageFn": (
+        _adapter("orchestrator.trinity.advantage.grpo.DsoGRPOAdvantageFn"), {"epsilon": {"gt": 0}},
+    ),
+    "orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn": (
+        _adapter("orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn"),
         {"omega": {"ge": 0}, "gamma": {"ge": 0, "le": 1}, "epsilon": {"gt": 0}, "invalid_action_penalty": {"ge": 0},
          "similarity_threshold": {"gt": 0, "le": 1}},
     ),
-    "orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn": (
-        _adapter("DsoGiGPOIndexAdvantageFn"),
+    "orchestrator.trinity.advantage.gigpo_index.DsoGiGPOIndexAdvantageFn": (
+        _adapter("orchestrator.trinity.advantage.gigpo_index.DsoGiGPOIndexAdvantageFn"),
         {"ttl_s": {"gt": 0}, "wait_timeout_s": {"ge": 0}, "lookup_timeout_s": {"ge": 0}, "group_size": {"ge": 1, "int": True},
          "omega": {"ge": 0}},
     ),

@@ -40,8 +40,8 @@ Implementations:
 Failure handling (Redis): connection errors raise :class:`AnchorIndexError` naming the URL
 (password redacted) and the operation. Reads (queries, stats) are retried a few times;
 writes are not retried here (they are idempotent, so a caller may retry them). Each batch
-carries a random *epoch* written with its first step; a client that has seen a batch's epoch
-refuses to write to or read from it when the epoch changed or vanished (a restarted server
+carries a random *fence token* written with its first step; a client that has seen a batch's
+token refuses to write to or read from it when the token changed or vanished (a restarted server
 without persistence, or a ``drop``), so lost steps end in an error, never in statistics
 silently computed from a partial batch. Queries with ``n_runs`` also check that every
 queried task has exactly ``n_runs`` complete runs.

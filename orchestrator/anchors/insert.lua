@@ -1,11 +1,11 @@
 -- Anchor index insert (orchestrator/anchors/redis_index.py, RedisAnchorIndex.insert).
--- KEYS: meta, steps, groups, runs, done.  ARGV: ttl_ms, expected_epoch ('' = any),
--- new_epoch, records: one string, records separated by \x1e, fields by \x1f: task, run,
+-- KEYS: meta, steps, groups, runs, done.  ARGV: ttl_ms, expected_fence ('' = any),
+-- new_fence, records: one string, records separated by \x1e, fields by \x1f: task, run,
 -- step, state, return (repr, exact), last ('1'/'0'). Hash fields are built here
 -- (length-prefixed task, see _field). Reads and writes are batched per call (one HMGET /
 -- HSET per hash); group moments are updated in arrival order with the same operations as
 -- MemoryAnchorIndex (_add_moment).
--- (epoch.lua runs first: `epoch` is the batch's epoch, checked against ARGV[2] or set to ARGV[3])
+-- (fence.lua runs first: `fence` is the batch's fence token, checked against ARGV[2] or set to ARGV[3])
 local T, RUN, STEP, H, V, LAST, SF, GF, RF = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local count = 0
 for rec in string.gmatch(ARGV[4], '[^\30]+') do
@@ -18,7 +18,7 @@ for rec in string.gmatch(ARGV[4], '[^\30]+') do
   GF[count] = tp .. state
   RF[count] = tp .. run
 end
-if count == 0 then return {0, epoch} end
+if count == 0 then return {0, fence} end
 -- a run stored whole by insert_runs.lua cannot take steps one by one (it would count them twice)
 local whole, wseen = {}, {}
 for i = 1, count do
@@ -127,4 +127,4 @@ end
 redis.call('HSET', KEYS[4], unpack(rkv))
 for task, k in pairs(done_inc) do redis.call('HINCRBY', KEYS[5], task, k) end
 for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[1])) end
-return {#new_rows, epoch}
+return {#new_rows, fence}

@@ -1,8 +1,8 @@
 -- Anchor index insert of whole trajectories (orchestrator/anchors/redis_index.py,
 -- RedisAnchorIndex.insert_trajectories): one record per trajectory and one per anchor group,
 -- instead of one per step (insert.lua).
--- KEYS: meta, steps, groups, runs, done, events.  ARGV: ttl_ms, expected_epoch ('' = any),
--- new_epoch, runs, groups, tasks. Records are separated by \x1e, fields by \x1f:
+-- KEYS: meta, steps, groups, runs, done, events.  ARGV: ttl_ms, expected_fence ('' = any),
+-- new_fence, runs, groups, tasks. Records are separated by \x1e, fields by \x1f:
 --   runs:   task, run, length, digest (16 hex digits)
 --   groups: task, state, n, c, S1, S2 (the call's moments of the group, c its minimum; repr floats)
 --   tasks:  the distinct tasks of the call, whose complete-run counts are returned.
@@ -12,11 +12,11 @@
 -- re-basing as insert.lua's, S2 += 2*delta*S1 + n*delta^2, S1 += n*delta), then adding.
 -- Each task whose complete-run count grows gets one event ('t' task, 'd' count) on the events
 -- stream, which RedisAnchorIndex.wait_complete blocks on (XREAD BLOCK).
--- Returns {new trajectories, epoch, stream id after this call, {count of each task in ARGV[6]},
+-- Returns {new trajectories, fence token, stream id after this call, {count of each task in ARGV[6]},
 -- the stored moments of each group of ARGV[5] after the call: one string 'n c S1 S2 n c S1 S2 ...'};
--- errors: EPOCH, BADRECORD, CONFLICT, and PARTIAL <0-based indices of the new trajectories>
+-- errors: FENCE, BADRECORD, CONFLICT, and PARTIAL <0-based indices of the new trajectories>
 -- when the call mixes stored and new trajectories (nothing written; the caller resends the new ones).
--- (epoch.lua runs first: `epoch` is the batch's epoch, checked against ARGV[2] or set to ARGV[3])
+-- (fence.lua runs first: `fence` is the batch's fence token, checked against ARGV[2] or set to ARGV[3])
 local function hset_chunked(key, kv)
   for lo = 1, #kv, 4000 do
     redis.call('HSET', key, unpack(kv, lo, math.min(lo + 3999, #kv)))
@@ -124,4 +124,4 @@ local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
 local cursor = '0-0'
 if last[1] then cursor = last[1][1] end
 for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[1])) end
-return {#new_idx, epoch, cursor, done, table.concat(stored, ' ')}
+return {#new_idx, fence, cursor, done, table.concat(stored, ' ')}

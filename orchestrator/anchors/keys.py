@@ -1,4 +1,8 @@
-"""Anchor keys: a canonical, order-insensitive hash of a structured observation, for ``env_state_hash``.
+"""Anchor keys: the one hash behind every ``env_state_hash``.
+
+:func:`text_hash` is the digest (sha1 hex of a text's UTF-8 bytes); every environment computes
+its state's canonical text and hashes it with it. :func:`state_hash` is the canonical,
+order-insensitive hash of a structured observation, for callers without a canonical text.
 
 GiGPO groups steps that acted from the same environment state (arXiv 2505.10978, Eq. 6), so
 equal states must give equal keys. ``str(observation)`` does not: two equal dicts built in a
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["state_hash"]
+__all__ = ["state_hash", "text_hash"]
 
 
 def _encode(x: Any, path: str) -> Any:
@@ -57,6 +61,19 @@ def _encode(x: Any, path: str) -> Any:
     )
 
 
+def text_hash(text: str) -> str:
+    """sha1 (40 lowercase hex characters) of ``text`` encoded as UTF-8: the digest of every anchor
+    state, for a state whose canonical text the caller has already built (the environments'
+    ``canonical_state``).
+
+    Raises:
+        TypeError: ``text`` is not a str (never ``str()``-ed here).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text_hash: expected str, got {type(text).__name__}")
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
 def state_hash(observation: Any) -> str:
     """Canonical SHA-1 hex digest of a structured observation, for ``info["env_state_hash"]``.
 
@@ -74,5 +91,4 @@ def state_hash(observation: Any) -> str:
         TypeError: an unsupported type (an arbitrary object, whose ``str()`` is not a state).
         ValueError: a NaN anywhere (it is not equal to itself).
     """
-    canonical = json.dumps(_encode(observation, ""), separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha1(canonical.encode("ascii")).hexdigest()
+    return text_hash(json.dumps(_encode(observation, ""), separators=(",", ":"), ensure_ascii=True))

@@ -1,5 +1,6 @@
 """Redis anchor index: one atomic Lua script per chunk of steps (``insert.lua``) or per call of
-whole trajectories (``insert_runs.lua``), keys with a TTL, epoch-guarded reads and writes, and
+whole trajectories (``insert_runs.lua``), keys with a TTL, reads and writes fenced per batch
+(``fence.lua``), and
 an event stream per batch on which waiters for complete groups block (``XREAD BLOCK``)."""
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from orchestrator.anchors.index import (
     validate_steps,
 )
 
-_EPOCH_LUA = (Path(__file__).with_name("epoch.lua")).read_text()
-_INSERT_LUA = _EPOCH_LUA + (Path(__file__).with_name("insert.lua")).read_text()
-"""The insert script, after the epoch prelude (KEYS and ARGV documented in the files)."""
-_INSERT_RUNS_LUA = _EPOCH_LUA + (Path(__file__).with_name("insert_runs.lua")).read_text()
-"""The whole-trajectory insert script, after the epoch prelude (KEYS and ARGV documented in the files)."""
+_FENCE_LUA = (Path(__file__).with_name("fence.lua")).read_text()
+_INSERT_LUA = _FENCE_LUA + (Path(__file__).with_name("insert.lua")).read_text()
+"""The insert script, after the fence prelude (KEYS and ARGV documented in the files)."""
+_INSERT_RUNS_LUA = _FENCE_LUA + (Path(__file__).with_name("insert_runs.lua")).read_text()
+"""The whole-trajectory insert script, after the fence prelude (KEYS and ARGV documented in the files)."""
+FENCE_FIELD = "epoch"
+"""Field of a batch's meta hash that holds its fence token (see :mod:`orchestrator.anchors.index`).
+The stored name is the one earlier versions used, kept so that their batches stay readable."""
 
 
 _KINDS = ("meta", "steps", "groups", "runs", "done", "events")
@@ -99,8 +103,8 @@ class RedisAnchorIndex(AnchorIndex):
             plus the registry set ``{prefix}:batches``.
         ttl_s: keys expire this long after a batch's last write, > 0.
         chunk_size: steps per Lua call, in [1, 2000] (all chunks go in one pipelined round
-            trip; each call is atomic and blocks the server for its duration, ~10 ms per
-            1000 steps).
+            trip; each call is atomic and blocks the server for its duration, which grows
+            with the chunk: see bench/README.md, "Redis Lua calls").
         read_retries: extra attempts for reads after a connection error (with backoff).
         socket_timeout: seconds, for connect and commands.
         observe: optional ``observe(op, seconds, error)`` called after each operation (e.g.
@@ -108,7 +112,7 @@ class RedisAnchorIndex(AnchorIndex):
             (metrics belong to one process).
         guard: the token of the run's guard key ``{prefix}:guard`` (see :meth:`ensure_guard`),
             given by the orchestrator to its workers. With it, a client that has not seen a
-            batch's epoch checks the guard before touching the batch: when Redis lost its data
+            batch's fence token checks the guard before touching the batch: when Redis lost its data
             since the orchestrator set the guard, the batch is refused instead of being started
             afresh from the steps this client happens to hold.
     """
@@ -142,7 +146,7 @@ class RedisAnchorIndex(AnchorIndex):
         self._client: Any = None
         self._script: Any = None
         self._runs_script: Any = None
-        self._epochs: dict[str, str] = {}
+        self._fences: dict[str, str] = {}  # batch key -> fence token seen
 
     # -- plumbing
     def __getstate__(self) -> dict[str, Any]:
@@ -157,7 +161,7 @@ class RedisAnchorIndex(AnchorIndex):
         """The error of an insert the server refused (``msg``: the script's error text)."""
         if "CONFLICT" in msg:
             return AnchorConflictError(f"{self._where()}: batch {batch_key!r}: {msg}")
-        if "EPOCH" in msg:
+        if "FENCE" in msg:
             return AnchorIndexError(
                 f"{self._where()}: insert into batch {batch_key!r} refused: {msg} "
                 f"(server restarted without persistence, keys expired, or batch dropped)"
@@ -262,7 +266,7 @@ class RedisAnchorIndex(AnchorIndex):
 
     def _check_guard(self, batch_key: str, op: str) -> None:
         """For a batch this client has not seen: refuse when Redis lost the run's data."""
-        if self.guard is None or batch_key in self._epochs:
+        if self.guard is None or batch_key in self._fences:
             return
         raw = self._read(f"{op}: guard", lambda c: c.get(self._guard_key()))
         current = raw.decode() if isinstance(raw, bytes) else raw
@@ -273,20 +277,20 @@ class RedisAnchorIndex(AnchorIndex):
                 f"server restarted without persistence, or flushed)"
             )
 
-    def _check_epoch(self, batch_key: str, epoch: str | None, op: str) -> None:
-        seen = self._epochs.get(batch_key)
-        if epoch is None:
+    def _check_fence(self, batch_key: str, fence: str | None, op: str) -> None:
+        seen = self._fences.get(batch_key)
+        if fence is None:
             if seen is not None:
                 raise AnchorIndexError(
-                    f"{self._where()}: {op}: batch {batch_key!r} state lost (epoch {seen} gone: server restarted "
+                    f"{self._where()}: {op}: batch {batch_key!r} state lost (fence token {seen} gone: server restarted "
                     f"without persistence, keys expired, or batch dropped)"
                 )
             raise AnchorIndexError(f"{self._where()}: {op}: batch {batch_key!r} is unknown (never written, dropped or expired)")
-        if seen is not None and seen != epoch:
+        if seen is not None and seen != fence:
             raise AnchorIndexError(
-                f"{self._where()}: {op}: batch {batch_key!r} state lost (epoch changed from {seen} to {epoch})"
+                f"{self._where()}: {op}: batch {batch_key!r} state lost (fence token changed from {seen} to {fence})"
             )
-        self._epochs[batch_key] = epoch
+        self._fences[batch_key] = fence
 
     # -- API
     @_timed("insert")
@@ -299,7 +303,7 @@ class RedisAnchorIndex(AnchorIndex):
         self._check_guard(batch_key, "insert")
         keys = self._keys(batch_key)
         ttl_ms = str(int(self.ttl_s * 1000))
-        new_epoch = uuid.uuid4().hex
+        new_fence = uuid.uuid4().hex
         client = self._conn()
         try:
             pipe = client.pipeline(transaction=False)
@@ -309,7 +313,7 @@ class RedisAnchorIndex(AnchorIndex):
                     f"{s.task}\x1f{int(s.run)}\x1f{int(s.step)}\x1f{s.state_hash}\x1f{float(s.ret)!r}\x1f{'1' if s.last else '0'}"
                     for s in chunk
                 )
-                argv = [ttl_ms, self._epochs.get(batch_key, ""), new_epoch, records]
+                argv = [ttl_ms, self._fences.get(batch_key, ""), new_fence, records]
                 self._script(keys=keys[:5], args=argv, client=pipe)
             pipe.sadd(self._registry(), batch_key)
             pipe.pexpire(self._registry(), ttl_ms)
@@ -328,8 +332,8 @@ class RedisAnchorIndex(AnchorIndex):
                     self._client = None
                 raise self._insert_error(batch_key, msg)
             added += int(res[0])
-            epoch = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
-            self._epochs.setdefault(batch_key, epoch)
+            fence = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
+            self._fences.setdefault(batch_key, fence)
         return added
 
     @_timed("insert")
@@ -372,7 +376,7 @@ class RedisAnchorIndex(AnchorIndex):
                     m[:, 2].tolist(), m[:, 3].tolist(),
                 )
             )
-            argv = [str(int(self.ttl_s * 1000)), self._epochs.get(batch_key, ""), uuid.uuid4().hex, runs, groups,
+            argv = [str(int(self.ttl_s * 1000)), self._fences.get(batch_key, ""), uuid.uuid4().hex, runs, groups,
                     "\x1e".join(call_tasks)]
             try:
                 pipe = self._conn().pipeline(transaction=False)
@@ -394,8 +398,8 @@ class RedisAnchorIndex(AnchorIndex):
                     subset = np.array([int(i) for i in msg.split()[1].split(",")], dtype=np.int64)
                     continue
                 raise self._insert_error(batch_key, msg)
-            added, epoch, cursor, done, stored = res
-            self._epochs.setdefault(batch_key, epoch.decode() if isinstance(epoch, bytes) else str(epoch))
+            added, fence, cursor, done, stored = res
+            self._fences.setdefault(batch_key, fence.decode() if isinstance(fence, bytes) else str(fence))
             cursor = cursor.decode() if isinstance(cursor, bytes) else str(cursor)
             done_by_task = {t: int(v) for t, v in zip(call_tasks, done, strict=True)}
             if subset is not None:  # the moments returned cover the resent groups only
@@ -447,10 +451,10 @@ class RedisAnchorIndex(AnchorIndex):
                         if short[task] >= n_runs:
                             del short[task]
 
-    def epoch(self, batch_key: str) -> str | None:
-        """The batch's epoch token (None when it does not exist)."""
+    def fence(self, batch_key: str) -> str | None:
+        """The batch's fence token (None when it does not exist)."""
         keys = self._keys(batch_key)
-        raw = self._read(f"epoch of batch {batch_key!r}", lambda c: c.hget(keys[0], "epoch"))
+        raw = self._read(f"fence token of batch {batch_key!r}", lambda c: c.hget(keys[0], FENCE_FIELD))
         return raw.decode() if raw is not None else None
 
     @_timed("query")
@@ -461,13 +465,13 @@ class RedisAnchorIndex(AnchorIndex):
 
         def read(c: Any) -> list[Any]:
             pipe = c.pipeline(transaction=True)  # one consistent snapshot
-            pipe.hget(keys[0], "epoch")
+            pipe.hget(keys[0], FENCE_FIELD)
             pipe.hmget(keys[2], fields)
             pipe.hmget(keys[4], tasks)
             return pipe.execute()
 
-        raw_epoch, raw_groups, raw_done = self._read(f"query of {len(fields)} anchor groups in batch {batch_key!r}", read)
-        self._check_epoch(batch_key, raw_epoch.decode() if raw_epoch is not None else None, "query")
+        raw_fence, raw_groups, raw_done = self._read(f"query of {len(fields)} anchor groups in batch {batch_key!r}", read)
+        self._check_fence(batch_key, raw_fence.decode() if raw_fence is not None else None, "query")
         m = np.full((len(fields), 4), np.nan)
         for i, raw in enumerate(raw_groups):
             if raw is not None:
@@ -476,7 +480,7 @@ class RedisAnchorIndex(AnchorIndex):
         return m, done
 
     def _read_checked(self, batch_key: str, op: str, key: str, fn: Any) -> Any:
-        """``fn(pipe, key)`` with the batch's epoch read in the same transaction and checked.
+        """``fn(pipe, key)`` with the batch's fence token read in the same transaction and checked.
 
         Returns None for a batch this client never saw and Redis does not hold (unknown).
         """
@@ -485,14 +489,14 @@ class RedisAnchorIndex(AnchorIndex):
 
         def read(c: Any) -> list[Any]:
             pipe = c.pipeline(transaction=True)  # one consistent snapshot
-            pipe.hget(meta, "epoch")
+            pipe.hget(meta, FENCE_FIELD)
             fn(pipe, key)
             return pipe.execute()
 
-        raw_epoch, out = self._read(f"{op} of batch {batch_key!r}", read)
-        if raw_epoch is None and batch_key not in self._epochs:
+        raw_fence, out = self._read(f"{op} of batch {batch_key!r}", read)
+        if raw_fence is None and batch_key not in self._fences:
             return None
-        self._check_epoch(batch_key, raw_epoch.decode() if raw_epoch is not None else None, op)
+        self._check_fence(batch_key, raw_fence.decode() if raw_fence is not None else None, op)
         return out
 
     @_timed("complete")
@@ -560,7 +564,7 @@ class RedisAnchorIndex(AnchorIndex):
         except redis.RedisError as exc:
             self._client = None
             raise AnchorIndexError(f"{self._where()}: drop of batch {batch_key!r} failed: {exc}") from exc
-        self._epochs.pop(batch_key, None)
+        self._fences.pop(batch_key, None)
         return int(n_steps) + int(run_steps or 0)
 
     def close(self) -> None:

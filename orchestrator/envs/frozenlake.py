@@ -6,10 +6,11 @@ seeds can give the same map). A trajectory is up to ``max_steps`` turns: the mod
 grid as plain text (drawn here; the ``ansi`` render carries colour escapes) and answers one
 action word. Rewards are gymnasium's: 1 on reaching G, else 0; a hole ends the episode.
 
-The anchor state of a step is :func:`state_hash` of the state it acted from: sha1 of the
-map and the agent's cell only - never the rendered prompt, turn counter or history - so all
-n trajectories of a task share their first state (one anchor group of size n), and any
-revisit of a cell, by any trajectory of the task, lands in the same group.
+The anchor state of a step is the hash (:func:`orchestrator.anchors.keys.text_hash`) of the
+:func:`canonical_state` it acted from: the map and the agent's cell only - never the rendered
+prompt, turn counter or history - so all n trajectories of a task share their first state (one
+anchor group of size n), and any revisit of a cell, by any trajectory of the task, lands in
+the same group.
 
 :func:`run_episodes` steps all trajectories of all tasks in lockstep and calls the policy
 once per turn for every live trajectory: ``act(prompts, choices) -> list[dict]`` where each
@@ -20,10 +21,10 @@ actor, :func:`random_act` is a seeded random policy for tests and fast demos).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from orchestrator.anchors.keys import text_hash
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, distinct_tasks, run_lockstep
 
@@ -37,13 +38,14 @@ SYSTEM_PROMPT = (
     "Reach G without stepping on H. Answer with one word: left, down, right or up."
 )
 
-def state_hash(desc: Sequence[str], row: int, col: int) -> str:
-    """Canonical ``env_state_hash`` of an agent at (row, col) on map ``desc``.
+def canonical_state(desc: Sequence[str], row: int, col: int) -> str:
+    """The canonical text of an agent at (row, col) on map ``desc``, whose
+    :func:`~orchestrator.anchors.keys.text_hash` is the step's ``env_state_hash``.
 
-    sha1 (hex) of the map rows joined by newlines plus ``@row,col``; independent of turn
-    number, history and prompt wording.
+    The map rows joined by newlines plus ``@row,col``; independent of turn number, history and
+    prompt wording.
     """
-    return hashlib.sha1(("\n".join(desc) + f"\n@{row},{col}").encode()).hexdigest()
+    return "\n".join(desc) + f"\n@{row},{col}"
 
 
 def render_grid(desc: Sequence[str], row: int, col: int) -> str:
@@ -101,7 +103,7 @@ def make_tasks(num_tasks: int, *, size: int = 4, p: float = 0.8, seed: int = 0, 
         raise ValueError(f"p must be in (0, 1], got {p}")
     def draw(map_seed: int) -> tuple[tuple[str, ...], Any]:
         desc = [str(row) for row in generate_random_map(size=size, p=p, seed=map_seed)]
-        digest = hashlib.sha1("\n".join(desc).encode()).hexdigest()[:10]
+        digest = text_hash("\n".join(desc))[:10]
         return tuple(desc), lambda: Task(
             task_id=f"{KIND}{size}-{digest}",
             prompt=make_prompt(desc, 0, 0),
@@ -147,7 +149,7 @@ class _FrozenLake:
         return make_prompt(s.desc, s.row, s.col)
 
     def state_hash(self, s: _State) -> str:
-        return state_hash(s.desc, s.row, s.col)
+        return text_hash(canonical_state(s.desc, s.row, s.col))
 
     def render(self, s: _State) -> str:
         return render_grid(s.desc, s.row, s.col)

@@ -57,7 +57,8 @@ class LockstepEnv(Protocol):
         """The chat messages shown to the policy in ``state``."""
 
     def state_hash(self, state: Any) -> str:
-        """The canonical ``env_state_hash`` of ``state`` (the GiGPO anchor)."""
+        """The ``env_state_hash`` of ``state`` (the GiGPO anchor): the environment's canonical
+        text of the state, hashed with :func:`orchestrator.anchors.keys.text_hash`."""
 
     def render(self, state: Any) -> str:
         """The grid text of ``state`` (``info["state_text"]``)."""

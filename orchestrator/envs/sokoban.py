@@ -28,8 +28,9 @@ not an "invalid move" that ends the game on the second in a row; ``info["invalid
 marks only answers that are not one of the four action words (the agent stays, reward 0).
 The answer is the bare word (``up``), not textarena's bracketed ``[up]`` / ``[w]``.
 
-The anchor state of a step is :func:`state_hash` of the state it acted from: sha1 of the room
-layout (walls, floor, targets), the sorted box cells and the player's cell - never the rendered
+The anchor state of a step is the hash (:func:`orchestrator.anchors.keys.text_hash`) of the
+:func:`canonical_state` it acted from: the room layout (walls, floor, targets), the sorted box
+cells and the player's cell - never the rendered
 prompt, turn counter or history - so all n trajectories of a task share their first state (one
 anchor group of size n), and the same arrangement reached along different paths lands in the
 same group. Boxes are interchangeable, as in the game.
@@ -51,19 +52,19 @@ Grid drawn here (plain text, one space between cells)::
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from orchestrator.anchors.keys import text_hash
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs.lockstep import Act, EnvError, distinct_tasks, run_lockstep
 from orchestrator.envs.policies import engine_act, random_act
 
 __all__ = [
-    "ACTIONS", "KIND", "Act", "EnvError", "engine_act", "make_tasks", "random_act", "render_grid",
-    "run_episodes", "state_hash", "task_from_grid",
+    "ACTIONS", "KIND", "Act", "EnvError", "canonical_state", "engine_act", "make_tasks", "random_act", "render_grid",
+    "run_episodes", "task_from_grid",
 ]
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
@@ -82,19 +83,20 @@ _LAYOUT_CODES = {v: k for k, v in _LAYOUT_CHARS.items()}
 Cell = tuple[int, int]
 
 
-def state_hash(layout: Sequence[str], boxes: Sequence[Sequence[int]], player: Sequence[int]) -> str:
-    """Canonical ``env_state_hash`` of a Sokoban state.
+def canonical_state(layout: Sequence[str], boxes: Sequence[Sequence[int]], player: Sequence[int]) -> str:
+    """The canonical text of a Sokoban state, whose :func:`~orchestrator.anchors.keys.text_hash`
+    is the step's ``env_state_hash``.
 
     Args:
         layout: the fixed room, one string per row of ``#`` (wall), ``_`` (floor), ``O`` (target).
         boxes: box cells ``(row, col)``, any order (sorted here: boxes are interchangeable).
         player: the player's cell ``(row, col)``.
     Returns:
-        sha1 (hex) of the layout rows joined by newlines, ``|boxes=`` the sorted cells and
-        ``|@row,col``; independent of turn number, history and prompt wording.
+        the layout rows joined by newlines, ``|boxes=`` the sorted cells and ``|@row,col``;
+        independent of turn number, history and prompt wording.
     """
     cells = ";".join(f"{r},{c}" for r, c in sorted((int(r), int(c)) for r, c in boxes))
-    return hashlib.sha1(("\n".join(layout) + f"|boxes={cells}|@{int(player[0])},{int(player[1])}").encode()).hexdigest()
+    return "\n".join(layout) + f"|boxes={cells}|@{int(player[0])},{int(player[1])}"
 
 
 def render_grid(layout: Sequence[str], boxes: Sequence[Sequence[int]], player: Sequence[int]) -> str:
@@ -127,7 +129,7 @@ def _task(layout: list[str], boxes: list[Cell], player: Cell, *, task_id: str | 
     boxes = sorted(boxes)
     if task_id is None:
         h, w = len(layout), len(layout[0])
-        task_id = f"{KIND}{h}x{w}b{len(boxes)}-{state_hash(layout, boxes, player)[:10]}"
+        task_id = f"{KIND}{h}x{w}b{len(boxes)}-{text_hash(canonical_state(layout, boxes, player))[:10]}"
     return Task(
         task_id=task_id,
         prompt=make_prompt(layout, boxes, player),
@@ -209,7 +211,7 @@ def make_tasks(num_tasks: int, *, size: int = 6, num_boxes: int = 1, seed: int =
         layout = ["".join(_LAYOUT_CHARS[int(v)] for v in row) for row in fixed]
         boxes = sorted((int(r), int(c)) for r, c in np.argwhere((state == 3) | (state == 4)))
         pr, pc = (int(x) for x in np.argwhere(state == 5)[0])
-        key = state_hash(layout, boxes, (pr, pc))
+        key = text_hash(canonical_state(layout, boxes, (pr, pc)))
         return key, lambda: _task(layout, boxes, (pr, pc), size=size, num_boxes=num_boxes, room_seed=room_seed)
 
     tasks = distinct_tasks(num_tasks, seed, 20 * num_tasks + 200, draw)
@@ -269,7 +271,7 @@ class _Sokoban:
         return make_prompt(s.layout, s.boxes, s.player)
 
     def state_hash(self, s: _State) -> str:
-        return state_hash(s.layout, s.boxes, s.player)
+        return text_hash(canonical_state(s.layout, s.boxes, s.player))
 
     def render(self, s: _State) -> str:
         return render_grid(s.layout, s.boxes, s.player)

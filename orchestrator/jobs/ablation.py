@@ -23,8 +23,8 @@ from pathlib import Path
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 
 ABLATION_BUDGET = 4_000
-"""Rollouts per arm and seed by default: 6 arms x 3 seeds of 20-45 s on 2 idle cores (engine
-start included), so the whole ablation takes about 9 minutes (measured: 8.5)."""
+"""Rollouts per arm and seed by default: 6 arms x 3 seeds, sized for about 9 minutes on 2 idle
+cores for the whole ablation (measured: bench/README.md, "Sizes and run times")."""
 
 _GRPO_TRAINER = {"eps_high": 0.2, "loss_agg": "seq-mean-token-mean"}
 ARMS: dict[str, dict] = {

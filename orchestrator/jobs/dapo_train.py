@@ -39,7 +39,8 @@ def _train_policy() -> ResamplingPolicy:
 
 
 class DapoTrainConfig(BaseModel):
-    """Embedded defaults of ``trinity-dso train`` (``make demo``): about 1 minute on 2 idle CPU cores (measured 57-70 s)."""
+    """Embedded defaults of ``trinity-dso train`` (``make demo``), sized for about a minute on 2 idle CPU cores
+    (measured: bench/README.md, "Sizes and run times")."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -61,7 +61,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 """Per setting: the changes to the training run's defaults shared by every arm, the trajectories
 per arm and seed, and the default number of seeds. ``frozenlake``: 40 steps of 64 trajectories,
-4 arms x 3 seeds in 13 minutes on 2 idle cores (measured with an engine per run). ``sokoban``:
+4 arms x 3 seeds (run time: bench/README.md, "Sizes and run times"). ``sokoban``:
 8 steps of 4 rooms x 8 runs (about 600 step samples each), lr 1e-3 (the FrozenLake run's 5e-4
 barely moves the policy in 8 updates; its collapse at 1e-3 came after 65), 4 arms x 5 seeds:
 what fits in the 30-minute CPU budget (docs/gigpo.md has the measured time)."""

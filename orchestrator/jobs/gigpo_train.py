@@ -63,7 +63,8 @@ def _trainer() -> TrainerConfig:
 
 
 class GiGPOTrainConfig(BaseModel):
-    """Embedded defaults of ``trinity-dso train-gigpo`` (``make demo-gigpo``): about 2 minutes on 2 idle cores (measured 87-111 s)."""
+    """Embedded defaults of ``trinity-dso train-gigpo`` (``make demo-gigpo``), sized for about 2 minutes on 2 idle cores
+    (measured: bench/README.md, "Sizes and run times")."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -180,7 +181,7 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         progress: called with each step's row (the keys of ``summary["steps"][i]``).
         log: called with start-up messages.
         engine: a running :data:`~orchestrator.train.sync.TrainableEngineActor` of a policy with the
-            same shape (a comparison starts one for all its runs: about 30 s each saved); the run
+            same shape (a comparison starts one for all its runs, an engine start saved on each); the run
             loads its own starting weights into it first and leaves it running. None: the run
             starts its own engine and kills it at the end.
     Returns:

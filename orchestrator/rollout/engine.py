@@ -41,7 +41,8 @@ class VLLMEngine:
             Without chunking a prompt longer than the token budget waits instead of splitting.
         engine_kwargs: further ``vllm.LLM`` keyword arguments.
 
-    Start-up takes 30-60 s on two CPU cores. The environment variables in :data:`ENGINE_ENV`
+    Start-up takes tens of seconds on CPU (see bench/README.md, "Sizes and run times"). The
+    environment variables in :data:`ENGINE_ENV`
     are set (``setdefault``) before vLLM is imported.
     """
 
@@ -207,7 +208,8 @@ called as ``engine.generate.remote(...)``.
 def start_engine(model: str | os.PathLike, *, timeout_s: float = 600.0, **engine_kwargs: Any) -> Any:
     """Start a :data:`VLLMRolloutEngine` actor and wait until it is ready.
 
-    Needs ``ray.init()`` first (or starts a local Ray). Takes 30-60 s on two CPU cores.
+    Needs ``ray.init()`` first (or starts a local Ray). Takes tens of seconds on CPU (see
+    bench/README.md, "Sizes and run times").
 
     Args:
         model: local model directory.

@@ -80,8 +80,8 @@ def ensure_smollm2(cache_dir: Path | None = None) -> Path:
     removes the ``quantization_config`` the reader leaves on the config (vLLM would
     otherwise look for a GGUF quantisation method), and saves ``config.json``,
     ``model.safetensors``, ``generation_config.json`` and the tokenizer files (with the
-    ChatML chat template of SmolLM2-Instruct) into ``cache_dir``. Takes about 10-20 s on
-    two CPU cores (measured 23 s); the result is about 540 MB (float32, tied embeddings).
+    ChatML chat template of SmolLM2-Instruct) into ``cache_dir`` (its run time: bench/README.md,
+    "Sizes and run times"); the result is about 540 MB (float32, tied embeddings).
     Needs ``accelerate`` (transformers refuses GGUF loading without it).
 
     Args:

@@ -54,7 +54,7 @@ from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
 from orchestrator.service.attachment import Attachment, check_judge
 from orchestrator.service.batches import BatchHandOut
-from orchestrator.service.commits import GroupCommit
+from orchestrator.service.commits import SharedCommits
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
 from orchestrator.service.names import (  # noqa: F401 - re-exported: importers of the actor find them here too
@@ -145,7 +145,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         self.attachment: dict[str, Any] = {}
         self._lock = asyncio.Lock()
         # every change is counted (commits.changed) and each call answers once it is written
-        self.commits = GroupCommit(self._prepare, self._rollback)
+        self.commits = SharedCommits(self._prepare, self._rollback)
         # what the next commit writes (see _prepare)
         self._seen: dict[str, str] = {}  # filter label of the last retry_window group keys accepted
         self._seen_order: deque[str] = deque()  # those keys, oldest first
@@ -518,9 +518,9 @@ OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={
 def _freeze_startup_heap() -> None:
     """In an actor's own process, put everything alive after start-up (the imports of torch,
     Ray and the rest, the restored state) out of the cyclic garbage collector's scans
-    (``gc.freeze``): a full collection then walks only what the service made since. Measured
-    on 256 calls of 256 groups: the one full collection of the run took 215 ms (a stall of
-    every caller, REST included) and 3 ms once frozen. Frozen objects are still freed when no
+    (``gc.freeze``): a full collection then walks only what the service made since, where it
+    stalled every caller, REST included, while it walked the whole heap (see bench/README.md,
+    "The actor's heap and histograms"). Frozen objects are still freed when no
     longer referenced; only reference cycles among them would stay. Elsewhere (the actor class
     used in a test or a script's own process) it does nothing."""
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:

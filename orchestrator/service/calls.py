@@ -2,8 +2,8 @@
 
 Ray restarts the actor when its process dies (``max_restarts=-1``); the actor resumes from its
 state file within seconds. Ray's own retries (``max_task_retries``) do not cover that window:
-each refusal while the actor restarts spends one, so three are gone in the 4-5 s a restart
-takes, and Ray re-sends a call without the caller knowing whether the first attempt was
+each refusal while the actor restarts spends one, so three are gone within the seconds a
+restart takes (see bench/README.md, "Sizes and run times"), and Ray re-sends a call without the caller knowing whether the first attempt was
 committed. So Ray retries only the actor's reads; every call of the Trinity operator and task
 selector, the CLI and the fault tests goes through :class:`ActorCalls`, which re-sends the
 *same* call (same arguments, same ``call_id``) until the actor answers or a deadline passes.
@@ -38,9 +38,9 @@ from orchestrator.service.names import DEFAULT_NAMESPACE
 log = logging.getLogger("trinity_dso.calls")
 
 DEADLINE_S = 120.0
-"""How long a call keeps being re-sent while the actor is dead or restarting, in seconds (a
-restart from the state file takes 4-11 s on 2 CPU cores; a busy node, or a large state file,
-more)."""
+"""How long a call keeps being re-sent while the actor is dead or restarting, in seconds: well
+above a restart from the state file (see bench/README.md, "Sizes and run times"), which a busy
+node, or a large state file, makes longer."""
 
 NEEDS_CALL_ID = frozenset({"submit_and_pop", "submit_groups", "submit_experiences", "pop_batch", "next_batch",
                            "close_batch", "finish_batch", "next_tasks"})

@@ -1,8 +1,8 @@
-"""Group commit: changes counted under the actor's lock, written in one transaction at a time,
+"""Shared commits: changes counted under the actor's lock, written in one transaction at a time,
 and every call answered once a commit that covers its change is written.
 
-The actor counts each change it makes (:meth:`GroupCommit.changed`), releases its lock, and
-awaits :meth:`GroupCommit.durable` of that count. While one commit is written in a worker
+The actor counts each change it makes (:meth:`SharedCommits.changed`), releases its lock, and
+awaits :meth:`SharedCommits.durable` of that count. While one commit is written in a worker
 thread, the calls that arrive meanwhile wait for the next one, which covers all of their
 changes at once (what databases call group commit). A failed commit goes back to the last one
 written (``rollback``) and fails every call whose change it held.
@@ -19,8 +19,10 @@ Prepare = Callable[[], tuple[Callable[[], None], Callable[[], None]]]
 it is written."""
 
 
-class GroupCommit:
-    """One writer at a time; calls wait for a commit that covers their change.
+class SharedCommits:
+    """One writer at a time; calls wait for a commit that covers their change, and the calls
+    that arrive while one is written share the next (a database's *group commit*; the name
+    avoids "group", which here means the rollouts of one task).
 
     Args:
         prepare: see :data:`Prepare`; called on the event loop (or the caller's thread).

@@ -235,8 +235,9 @@ class ArrayHistogram:
     """A histogram fed a whole array per call (a prometheus-client custom collector).
 
     prometheus-client's ``Histogram.observe`` takes one value per call, under a lock, with
-    its bucket found in Python (measured: 5.6 ms for the 4,096 rollout lags of a batch of 256
-    groups of 16, more than the orchestrator's whole work on the call that released it).
+    its bucket found in Python: for the rollout lags of a released batch, more than the
+    orchestrator's whole work on the call that released it (see bench/README.md, "The actor's
+    heap and histograms").
     :meth:`observe_many` bins an array at once: ``np.searchsorted(bounds, values, "left")``
     puts a value equal to a bound in that bound's bucket, as Prometheus' ``le`` (less than or
     equal) does, and ``np.bincount`` counts each bucket. :meth:`collect` exposes what

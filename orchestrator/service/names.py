@@ -1,7 +1,7 @@
 """The orchestrator's names, limits and error types that other modules need without loading the
 actor (Ray, the store, the metrics): clients (:mod:`orchestrator.service.calls`,
 :mod:`orchestrator.service.config`, the REST app), the Trinity plug-ins and the trainer side
-(:mod:`orchestrator.trinity.advantage`) import them from here. :mod:`orchestrator.service.actor`
+(:mod:`orchestrator.trinity.advantage.gigpo_index`) import them from here. :mod:`orchestrator.service.actor`
 re-exports them."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ re-send a call without its caller knowing): callers re-send them with the same `
 through :class:`orchestrator.service.calls.ActorCalls` (see docs/durability-faults.md)."""
 
 RETRY_WINDOW = 1_000_000
-"""Group keys remembered to recognise a re-submitted group (the default ``retry_window``): about
-126 MB in memory and 2 s of loading at a restart per million. A resumed Trinity explorer
+"""Group keys remembered to recognise a re-submitted group (the default ``retry_window``; its
+memory and loading time: bench/README.md, "Sizes and run times"). A resumed Trinity explorer
 re-submits the explore steps since its last checkpoint, a few thousand to tens of thousands of
 groups in usual runs."""
 

@@ -1,7 +1,7 @@
 """How the orchestrator actor makes its changes durable: :class:`Persistence`, a part of
 :class:`orchestrator.service.actor.Orchestrator`.
 
-Every change is counted (``commits.changed``, :class:`orchestrator.service.commits.GroupCommit`);
+Every change is counted (``commits.changed``, :class:`orchestrator.service.commits.SharedCommits`);
 the next commit takes what changed since the last one (:meth:`Persistence._prepare`), writes it
 in one transaction (:meth:`Persistence._write`, :class:`orchestrator.service.store.StateStore`),
 and after a failed write goes back to the last commit (:meth:`Persistence._rollback`, which
@@ -62,7 +62,7 @@ class Persistence:
         )
 
     def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        """Take everything changed since the last commit (clearing it), for :class:`GroupCommit`:
+        """Take everything changed since the last commit (clearing it), for :class:`SharedCommits`:
         ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
         (at least once: a crash before the commit writes them again), then the change to the
         store in one transaction: new group keys, newly held groups (written once), released

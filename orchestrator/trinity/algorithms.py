@@ -7,7 +7,8 @@ from typing import Any
 
 from trinity.algorithm.algorithm import AlgorithmType
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 from orchestrator.trinity.attach import AttachConfig
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.registry import (

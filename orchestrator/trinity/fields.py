@@ -33,8 +33,8 @@ def first_appearance_codes(keys: Sequence) -> tuple[np.ndarray, list]:
     key's first appearance), then those rows are numbered densely by their rank among the
     first-appearance rows (a presence table over 0..N-1 and a cumulative sum, no sort).
     Non-negative ints below ``4N + 1024`` (Trinity's ``eid.task``, the usual case) skip the
-    dict: one array of the keys and a first-row table over their values (25,600 task ids
-    taken cold: 0.8 ms against 1.6 ms).
+    dict: one array of the keys and a first-row table over their values (cheaper; see
+    bench/README.md, "Reading and writing experiences").
     """
     rows, uniq = _first_rows_of_small_ints(keys), None
     if rows is None:
@@ -94,12 +94,11 @@ class MemoryOrder:
 
     A batch is usually a shuffle of objects allocated one after the other, spread over many
     pages; a read of a field off each in list order misses the cache on almost every object,
-    while in address order the hardware prefetcher follows (measured: the field passes of a
-    25,600-step batch 2.5x faster). One Python loop then reads ``info``, ``action_mask`` and
-    the four ``eid`` fields of each experience while it is in cache, where one C-level ``map``
-    pass per field touched every experience and every ``eid`` again (measured, 25,600 steps
-    taken cold: 5.2-5.7 ms against 10.8-11.5 ms). Any order gives the same results; this one
-    only makes the passes cheaper.
+    while in address order the hardware prefetcher follows. One Python loop then reads
+    ``info``, ``action_mask`` and the four ``eid`` fields of each experience while it is in
+    cache, where one C-level ``map`` pass per field touched every experience and every ``eid``
+    again (both measured: bench/README.md, "Reading and writing experiences"). Any order gives
+    the same results; this one only makes the passes cheaper.
 
     Attributes:
         items: the N experiences in address order.
@@ -135,8 +134,8 @@ def item_addresses(items: list) -> np.ndarray:
     pointers (one copy of N machine words).
 
     An ``id`` call per item touches each object (the iteration takes a reference to it) and,
-    in a shuffled batch, misses the cache on almost every one: 8 ms for 25,600 experiences
-    against 0.02 ms here. This reads CPython's list layout (``ob_item``, the item pointer
+    in a shuffled batch, misses the cache on almost every one (see bench/README.md, "Reading
+    and writing experiences"). This reads CPython's list layout (``ob_item``, the item pointer
     array, as the second-to-last field of ``PyListObject``), checked against ``id`` once at
     import (:data:`_LIST_POINTERS`); on other interpreters, builds without the GIL and other
     sequences it is the ``id`` pass. Like every read of the batch, it expects no other thread

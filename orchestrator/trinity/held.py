@@ -9,8 +9,8 @@ submitted it. :class:`HeldPayloads` keeps them by ``ref``:
 * in ``held_dir``, so that the next explorer process can release them: after each submit, the
   groups the actor *holds* from that step (never the ones it dropped or released) are written
   as **one file per explore step** (``<session>-<seq>.held``), each tensor field of all their
-  experiences concatenated into one buffer (no per-experience serialisation: Trinity's
-  ``Experience.serialize_many`` costs about 2 ms per group of 16), in a worker thread off the
+  experiences concatenated into one buffer (no per-experience serialisation with Trinity's
+  ``Experience.serialize_many``; see bench/README.md, "Held payloads"), in a worker thread off the
   step's critical path. A file is deleted once none of its groups is held.
 
 Crash consistency (see ``docs/held-payloads.md``): the actor commits a submit (SQLite) before
@@ -81,7 +81,7 @@ def _columns(exps: list[TrinityExperience]) -> dict:
     """The non-tensor attributes of ``exps`` by name: one list per attribute that varies, one
     value for an attribute every experience has equal and immutable (None, a string, a number),
     ``eid`` as tuples; one pass per attribute, so a batch costs what its few varying fields cost
-    (a dict per experience pickled 25 keys each: about 25 us per experience)."""
+    (not a dict of 25 keys pickled per experience; see bench/README.md, "Held payloads")."""
     dicts = [e.__dict__ for e in exps]
     names = [k for k in dicts[0] if k not in _NONES]
     if any(d.keys() != dicts[0].keys() for d in dicts):  # attributes that differ between experiences

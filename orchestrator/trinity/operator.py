@@ -44,8 +44,8 @@ def _read_steps(exps: list[TrinityExperience], judged: str | None) -> tuple[list
     """Each experience's fields for :meth:`OrchestratorOperator.to_table`, read in one visit of it.
 
     One Python loop reads every field of an experience while it is in cache, where one C-level
-    ``map`` pass per field touched every experience, EID, info and metrics dict again (measured,
-    4096 x 16 single-turn experiences: about 75 ms for the eight passes).
+    ``map`` pass per field touched every experience, EID, info and metrics dict again (see
+    bench/README.md, "Reading and writing experiences").
 
     Returns:
         lists of N: ``eid.batch``, ``eid.task``, ``eid.run``, ``eid.step``, ``info`` (a missing

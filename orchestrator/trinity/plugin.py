@@ -1,18 +1,18 @@
 """Register every trinity-dso component into Trinity-RFT's registries (importing this module does it).
 
-==========================  ========================  ======================================================
+==========================  ========================  ==================================================================
 registry                    name                      class (dotted path usable in the YAML)
-==========================  ========================  ======================================================
+==========================  ========================  ==================================================================
 ``ALGORITHM_TYPE``          ``dso_dapo``              ``orchestrator.trinity.algorithms.DsoDAPOAlgorithm``
 ``ALGORITHM_TYPE``          ``dso_gigpo``             ``orchestrator.trinity.algorithms.DsoGiGPOAlgorithm``
 ``POLICY_LOSS_FN``          ``dso_clip_higher``       ``orchestrator.trinity.loss.DsoClipHigherPolicyLossFn``
-``ADVANTAGE_FN``            ``dso_grpo``              ``orchestrator.trinity.advantage.DsoGRPOAdvantageFn``
-``ADVANTAGE_FN``            ``dso_gigpo``             ``orchestrator.trinity.advantage.DsoGiGPOAdvantageFn``
-``ADVANTAGE_FN``            ``dso_gigpo_index``       ``orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn``
+``ADVANTAGE_FN``            ``dso_grpo``              ``orchestrator.trinity.advantage.grpo.DsoGRPOAdvantageFn``
+``ADVANTAGE_FN``            ``dso_gigpo``             ``orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn``
+``ADVANTAGE_FN``            ``dso_gigpo_index``       ``orchestrator.trinity.advantage.gigpo_index.DsoGiGPOIndexAdvantageFn``
 ``EXPERIENCE_OPERATORS``    ``dso_orchestrator``      ``orchestrator.trinity.operator.OrchestratorOperator``
 ``SELECTORS``               ``dso_orchestrator``      ``orchestrator.trinity.selector.OrchestratorTaskSelector``
 ``WORKFLOWS``               ``dso_frozenlake_steps``  ``orchestrator.trinity.workflow.DsoFrozenLakeStepsWorkflow``
-==========================  ========================  ======================================================
+==========================  ========================  ==================================================================
 
 Idempotent: importing, re-executing a plugin shim or calling :func:`register` again is harmless.
 Built-ins (``dapo``, ``gigpo``, ``grpo``) keep resolving to Trinity's own classes.
@@ -42,7 +42,9 @@ from trinity.algorithm import ADVANTAGE_FN, ALGORITHM_TYPE, POLICY_LOSS_FN
 from trinity.buffer.operators import EXPERIENCE_OPERATORS
 from trinity.common.workflows import WORKFLOWS
 
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo_index import DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn
 from orchestrator.trinity.operator import OrchestratorOperator

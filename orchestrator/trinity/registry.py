@@ -21,9 +21,9 @@ INDEX_ADVANTAGE_NAME = "dso_gigpo_index"
 # default_config() names our components by dotted path: they then resolve in every Trinity
 # process (explorer, pipeline, trainer workers) whether or not a plugin shim was loaded there.
 LOSS_CLASS_PATH = "orchestrator.trinity.loss.DsoClipHigherPolicyLossFn"
-GIGPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOAdvantageFn"
-INDEX_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGiGPOIndexAdvantageFn"
-GRPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.DsoGRPOAdvantageFn"
+GIGPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn"
+INDEX_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.gigpo_index.DsoGiGPOIndexAdvantageFn"
+GRPO_ADVANTAGE_CLASS_PATH = "orchestrator.trinity.advantage.grpo.DsoGRPOAdvantageFn"
 WORKFLOW_NAME = "dso_frozenlake_steps"
 """Registered name of the step-wise FrozenLake workflow (one experience per environment step)."""
 WORKFLOW_CLASS_PATH = "orchestrator.trinity.workflow.DsoFrozenLakeStepsWorkflow"

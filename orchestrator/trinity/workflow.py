@@ -31,9 +31,10 @@ Per step t of run r (the experience of the model's reply at turn t):
   trained through their own step's experience, with their own advantage); ``logprobs`` likewise
   (the engine's sampling log-probs on the generated tokens, 0 elsewhere, as Trinity's
   ``MultiTurnWorkflow`` zeroes them off the mask);
-* ``info["env_state_hash"]``: :func:`orchestrator.envs.frozenlake.state_hash` of the map and the
-  cell the agent acted *from* (never the prompt text: it carries a turn counter), so all runs of a
-  task share their first anchor state and revisits of a cell land in the same anchor group;
+* ``info["env_state_hash"]``: :func:`orchestrator.anchors.keys.text_hash` of
+  :func:`orchestrator.envs.frozenlake.canonical_state`, the map and the cell the agent acted
+  *from* (never the prompt text: it carries a turn counter), so all runs of a task share their
+  first anchor state and revisits of a cell land in the same anchor group;
 * ``info["step_reward"]``: gymnasium's reward of that step (1 on reaching G, else 0);
   ``info["is_action_valid"]`` (False for an unparseable reply, verl-agent's key, read by
   ``dso_gigpo``'s ``action_valid_key``); ``info["action"]`` (the word or None);
@@ -43,7 +44,7 @@ Per step t of run r (the experience of the model's reply at turn t):
   (Trinity's ``RewardPropagationWorkflow`` convention, for GRPO-style consumers), ``metrics`` hold
   ``success``, ``episode_return`` and ``env_steps``.
 
-``dso_gigpo`` (:class:`orchestrator.trinity.advantage.DsoGiGPOAdvantageFn`, keys ``step_reward``
+``dso_gigpo`` (:class:`orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn`, keys ``step_reward``
 and ``env_state_hash``) reads exactly these fields: groups by ``eid.tid``, trajectories by
 ``eid.rid``, step order by ``eid.step``; the orchestrator's operator sums ``step_reward`` per run.
 
@@ -64,7 +65,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trinity.common.experience import EID, Experience
 from trinity.common.workflows.workflow import MultiTurnWorkflow, Task
 
-from orchestrator.envs.frozenlake import state_hash
+from orchestrator.anchors.keys import text_hash
+from orchestrator.envs.frozenlake import canonical_state
 from orchestrator.trinity.registry import WORKFLOW_NAME
 
 ACTION_WORDS: dict[str, int] = {"left": 0, "down": 1, "right": 2, "up": 3}
@@ -184,8 +186,9 @@ class FrozenLakeEpisode:
         self.done = False
 
     def state_hash(self) -> str:
-        """The anchor state: :func:`orchestrator.envs.frozenlake.state_hash` of map and cell."""
-        return state_hash(self.desc, self.row, self.col)
+        """The anchor state: the hash of the map and cell's
+        :func:`~orchestrator.envs.frozenlake.canonical_state` (as the embedded FrozenLake's)."""
+        return text_hash(canonical_state(self.desc, self.row, self.col))
 
     def render(self) -> str:
         return render(self.desc, self.row, self.col)

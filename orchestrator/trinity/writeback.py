@@ -22,8 +22,8 @@ from orchestrator.trinity.fields import MemoryOrder
 class TokenMasks:
     """A batch's action masks (as :class:`~orchestrator.trinity.fields.MemoryOrder` read them)
     joined into one float32 array in a worker thread: torch releases the GIL while it copies,
-    so the caller reads the ``info`` keys and computes advantages meanwhile (measured: the join
-    of 25,600 masks is about 7 ms). Made as soon as the batch is read, handed to
+    so the caller reads the ``info`` keys and computes advantages meanwhile (see
+    bench/README.md, "Reading and writing experiences"). Made as soon as the batch is read, handed to
     :func:`write_token_advantages`.
 
     Attributes:
@@ -80,9 +80,9 @@ def write_token_advantages(
     have equal lengths, else one ``torch.cat``), one multiply (a broadcast over the rows, else
     with the scalars repeated over the tokens) and one copy. The two arrays are then split into per-experience
     views (their rows, or slices at the mask boundaries), each wrapped without copying by
-    ``torch.from_numpy`` (a C-level ``map``) and both assigned in one visit of each experience
-    (measured, 25,600 cold experiences: 20.6 ms against 21.2-22.5 ms for one ``map(setattr)``
-    pass per field). The views do
+    ``torch.from_numpy`` (a C-level ``map``) and both assigned in one visit of each experience,
+    not one ``map(setattr)`` pass per field (see bench/README.md, "Reading and writing
+    experiences"). The views do
     not overlap, and each is its own storage for torch (pickling or serialising one experience writes only its own tokens;
     Trinity's ``Experience.serialize_many`` sees distinct storages and clones nothing). An
     experience without ``action_mask`` gets a 0-dim ``tensor(A, float32)``, as in Trinity. The
@@ -143,15 +143,15 @@ def gc_paused() -> Iterator[None]:
     """Hold off the cyclic garbage collector while a batch allocates its many acyclic objects,
     and file what they leave alive under the oldest generation.
 
-    Each allocation would otherwise count towards a collection that scans the whole heap
-    (measured: a first write-back of 25,600 experiences spent 0.3 s of 0.43 s in collections;
-    ``dso_gigpo`` paused over its reading and maths too: 116 ms -> 80 ms per 25,600 steps).
+    Each allocation would otherwise count towards a collection that scans the whole heap (a
+    first write-back of a large batch spent most of its time in collections; ``dso_gigpo`` is
+    paused over its reading and maths too; see bench/README.md, "Reading and writing
+    experiences").
     On exit the objects the young generations hold, the batch's new tensors above all, are
     moved to the oldest one by ``gc.freeze()`` then ``gc.unfreeze()`` (two O(1) list splices
     that also restart the young count): they live until the trainer's step is done, so they
-    would have survived two young collections to get there; those walks are skipped (measured:
-    ``dso_gigpo`` on 25,600 steps 87 -> 82 ms, best of 15, the young walk of its 51,200 tensors
-    being ~6 ms). Garbage cycles among them wait for the next full collection instead. Done only
+    would have survived two young collections to get there; those walks are skipped (same
+    section). Garbage cycles among them wait for the next full collection instead. Done only
     when nothing is frozen (``gc.get_freeze_count() == 0``): a process that froze its heap, as
     our actor does, keeps its frozen set as it was. Restored on exit, also when the collector
     was already disabled by the caller (then nothing is moved)."""

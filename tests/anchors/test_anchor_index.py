@@ -270,9 +270,20 @@ def test_redis_restart_then_drop_and_reinsert_gives_correct_numbers(redis_server
     redis_server.restart()
     with pytest.raises(AnchorIndexError):
         idx.insert("b1", steps[len(steps) // 2 :])
-    idx.drop("b1")  # the retry: forget the lost epoch, write the whole batch again
+    idx.drop("b1")  # the retry: forget the lost fence token, write the whole batch again
     idx.insert("b1", steps)
     np.testing.assert_allclose(query(idx, "b1", steps, n_runs=4), pure_step_advantages(steps, "std"), rtol=0, atol=1e-9)
+
+
+def test_the_fence_token_is_kept_in_the_field_earlier_versions_wrote(redis_server):
+    # the meta hash field keeps its stored name 'epoch', so batches written before the rename stay readable
+    steps, _ = make_batch(seed=8)
+    writer = RedisAnchorIndex(redis_server.url, prefix="t")
+    writer.insert("b1", steps)
+    token = writer.fence("b1")
+    assert len(token) == 32 and redis.Redis.from_url(redis_server.url).hget("t:{b1}:meta", "epoch").decode() == token
+    reader = RedisAnchorIndex(redis_server.url, prefix="t")  # learns the token from that field, as from an older writer
+    np.testing.assert_array_equal(query(reader, "b1", steps, n_runs=4), query(writer, "b1", steps, n_runs=4))
 
 
 def test_query_by_a_reader_across_a_restart_is_refused(redis_server):
@@ -280,11 +291,11 @@ def test_query_by_a_reader_across_a_restart_is_refused(redis_server):
     writer = RedisAnchorIndex(redis_server.url, prefix="t")
     writer.insert("b1", steps)
     reader = RedisAnchorIndex(redis_server.url, prefix="t")
-    query(reader, "b1", steps, n_runs=4)  # the reader learns the batch's epoch
+    query(reader, "b1", steps, n_runs=4)  # the reader learns the batch's fence token
     redis_server.restart()
     other = RedisAnchorIndex(redis_server.url, prefix="t")
-    other.insert("b1", steps[:3])  # a fresh writer starts a new epoch on the empty server
-    with pytest.raises(AnchorIndexError, match=r"state lost \(epoch changed"):
+    other.insert("b1", steps[:3])  # a fresh writer starts a new fence token on the empty server
+    with pytest.raises(AnchorIndexError, match=r"state lost \(fence token changed"):
         query(reader, "b1", steps[:3])
 
 

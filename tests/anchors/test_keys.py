@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from orchestrator.anchors.keys import state_hash
+from orchestrator.anchors.keys import state_hash, text_hash
 
 
 def test_mapping_key_order_does_not_matter():
@@ -38,3 +38,13 @@ def test_unsupported_object_is_refused_naming_the_path():
 def test_nan_is_refused():
     with pytest.raises(ValueError, match="NaN"):
         state_hash([0.0, float("nan")])
+
+
+def test_text_hash_is_the_sha1_of_the_utf8_text_and_state_hash_hashes_its_canonical_text_with_it():
+    assert text_hash("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d"  # FIPS 180-2, appendix A.1
+    assert state_hash("1") == text_hash('["s","1"]') and state_hash(1) == text_hash('["i",1]')
+
+
+def test_text_hash_refuses_what_is_not_a_str():
+    with pytest.raises(TypeError, match="text_hash: expected str, got bytes"):
+        text_hash(b"abc")

@@ -30,7 +30,7 @@ def test_completion_reads_after_data_loss_are_errors_not_empty_answers(redis_ser
     assert idx.completed_runs("b1") == {"t": 2} and idx.group_sizes("b1").tolist() == [2, 2]
     redis_server.restart()  # empty
     for read in (lambda: idx.completed_runs("b1"), lambda: idx.group_sizes("b1"), lambda: idx.is_complete("b1", "t", 2)):
-        with pytest.raises(AnchorIndexError, match=r"batch 'b1' state lost \(epoch .* gone"):
+        with pytest.raises(AnchorIndexError, match=r"batch 'b1' state lost \(fence token .* gone"):
             read()
 
 

@@ -6,16 +6,22 @@ import numpy as np
 import pytest
 
 from algos.gigpo import anchor_group_ids, gigpo_advantages
+from orchestrator.anchors.keys import text_hash
 from orchestrator.core.types import Task
 from orchestrator.envs.frozenlake import (
     ACTIONS,
     EnvError,
+    canonical_state,
     make_tasks,
     render_grid,
     run_episodes,
-    state_hash,
 )
 from orchestrator.envs.policies import engine_act, random_act
+
+
+def state_hash(desc, row, col):
+    """The ``env_state_hash`` the environment writes for an agent at (row, col) on ``desc``."""
+    return text_hash(canonical_state(desc, row, col))
 
 
 def lake(desc, task_id="lake"):
@@ -51,6 +57,12 @@ def test_make_tasks_refuses_more_maps_than_exist():
 def test_render_grid_is_plain_text():
     assert render_grid(["SF", "HG"], 0, 1) == "S P\nH G"
     assert "\x1b" not in render_grid(["SFFF", "FHFH", "FFFH", "HFFG"], 2, 2)
+
+
+def test_state_hash_is_the_sha1_of_map_and_cell():
+    # the value anchors, tests and GiGPO figures were computed with: sha1 of "SF\nFG\n@0,1"
+    assert canonical_state(["SF", "FG"], 0, 1) == "SF\nFG\n@0,1"
+    assert state_hash(["SF", "FG"], 0, 1) == "9c714ad5009113d817a52ac9ce69ccd895b7957c"
 
 
 def test_state_hash_depends_on_map_and_cell_only():

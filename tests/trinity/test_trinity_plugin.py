@@ -30,7 +30,8 @@ from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.tasks.taskset import IndexTaskSet
-from orchestrator.trinity.advantage import DsoGiGPOAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo import DsoGiGPOAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 from orchestrator.trinity.algorithms import DsoDAPOAlgorithm, DsoGiGPOAlgorithm
 from orchestrator.trinity.attach import OrchestratorNotFoundError
 from orchestrator.trinity.loss import DsoClipHigherPolicyLossFn

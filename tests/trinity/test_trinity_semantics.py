@@ -10,7 +10,8 @@ from trinity.common.experience import EID
 from trinity.common.experience import Experience as TExp
 
 from algos.gigpo import InvalidStepError
-from orchestrator.trinity.advantage import DsoGiGPOIndexAdvantageFn, DsoGRPOAdvantageFn
+from orchestrator.trinity.advantage.gigpo_index import DsoGiGPOIndexAdvantageFn
+from orchestrator.trinity.advantage.grpo import DsoGRPOAdvantageFn
 from orchestrator.trinity.plugin import register
 
 register()
