@@ -345,3 +345,4 @@ register_selection(InformativeSelection)
 
 
 from orchestrator.core import greso as _greso  # noqa: E402,F401  (registers 'greso'; it subclasses EpochSelection)
+from orchestrator.core import skip as _skip  # noqa: E402,F401  (registers 'predicted_skip')

@@ -1,0 +1,81 @@
+"""``predicted_skip``: epoch order, skipping the tasks predicted to give a zero-variance group.
+
+GRESO (Zheng et al., arXiv 2506.02177, Sec. 4; :mod:`orchestrator.core.greso`) skips a prompt
+before its rollouts from *its own* recent zero-variance streak, so it saves nothing on a prompt
+until that prompt was rolled out at least once, and nothing in the first epoch. This mode
+skips from the pass-rate posterior instead (:class:`orchestrator.core.passrate.PassRateEstimate`):
+a task's predicted chance ``I`` of an informative group (Beta-Binomial predictive, DAPO's Eq. 11
+event) combines its own history with the prior of its difficulty tag (its family), so a
+never-seen task of a family that is always solved or never solved is skipped in its first
+epoch. Each epoch still walks a seeded permutation of all tasks, like ``epoch``, so every task
+keeps its turn once per pass (unlike ``informative``, which concentrates on the best-predicted
+tasks and may train on the same few again and again).
+
+When its turn comes, a task is rolled out with probability::
+
+    keep(I) = clip(I / keep_at, floor, 1)
+
+so tasks predicted informative at least ``keep_at`` are always kept, and a task predicted
+never informative is still tried with probability ``floor`` (GRESO's ``p_min`` plays this part:
+the model changes, and a skipped task must be looked at again sometime). ``keep_at`` and
+``floor`` are keys of the policy's ``selection_options`` (defaults :data:`DEFAULTS`). The draw is
+counter-based (``default_rng([seed, 3, epoch])``, one uniform per task and epoch), so a
+checkpoint restores the same skips; a task passed over stays passed over for the epoch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
+
+DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
+"""``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
+
+
+def keep_probability(informative: np.ndarray, keep_at: float, floor: float) -> np.ndarray:
+    """``clip(I / keep_at, floor, 1)``: the chance a task is rolled out when its turn comes.
+
+    Args:
+        informative: (k,) float in [0, 1], predicted chance of an informative group.
+        keep_at: in (0, 1]; tasks predicted at least this informative are always kept.
+        floor: in [0, 1]; the least chance of a turn.
+    Returns:
+        (k,) float64 in [floor, 1].
+    """
+    return np.clip(np.asarray(informative, dtype=np.float64) / keep_at, floor, 1.0)
+
+
+@register_selection
+class PredictedSkipSelection(EpochSelection):
+    """Epoch order; a task is kept with probability :func:`keep_probability` of its prediction."""
+
+    name = "predicted_skip"
+
+    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
+        super().__init__(num_tasks, seed, max_idle_epochs)
+        self.options = dict(DEFAULTS)
+
+    def configure(self, policy) -> None:
+        super().configure(policy)
+        if policy.selection != self.name:
+            return
+        opts = dict(policy.selection_options)
+        if unknown := set(opts) - set(DEFAULTS):
+            raise ValueError(f"selection_options: unknown key(s) {sorted(unknown)} for 'predicted_skip'; known: {sorted(DEFAULTS)}")
+        keep_at, floor = float(opts.get("keep_at", DEFAULTS["keep_at"])), float(opts.get("floor", DEFAULTS["floor"]))
+        if not 0.0 < keep_at <= 1.0:
+            raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {keep_at!r}")
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"selection_options.floor: must be in [0, 1], got {floor!r}")
+        self.options = {"keep_at": keep_at, "floor": floor}
+
+    def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
+        base = super().eligible(tasks, ctx)
+        u = np.random.default_rng([self.seed, 3, self._epoch]).random(self.num_tasks)[tasks]
+        return base & (u < keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"]))
+
+    def task_row(self, i: int, ctx: SelectionContext) -> dict:
+        """``keep_probability``: the chance task ``i`` is rolled out when its turn comes."""
+        p = keep_probability(ctx.informative[i : i + 1], self.options["keep_at"], self.options["floor"])
+        return {"keep_probability": float(p[0])}
