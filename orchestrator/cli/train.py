@@ -213,11 +213,16 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/sampling-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
         arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all)."),
         spread: bool = typer.Option(False, help="Only measure the task set's difficulty spread on the warm-started policy (seed 0)."),
+        rebuild: bool = typer.Option(False, help="Only rewrite the comparison files of --out from its runs' train.json (no training)."),
     ) -> None:
         """Which tasks to roll out, in real training: our selections and screening vs GRESO, Trinity's
         difficulty_based selector, the DAPO recipe's loop and GRPO, same seeds and rollout budget."""
+        from orchestrator.jobs import sampling_compare
         from orchestrator.jobs.sampling_compare import ARMS, base_config, measure_spread, run_comparison
 
+        if rebuild:
+            console.print(sampling_compare.rebuild(out))
+            return
         if spread:
             import json
 

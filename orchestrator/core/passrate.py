@@ -255,7 +255,7 @@ class PassRateEstimate:
             task_idx: (G,) int64 in [0, T). A task may repeat.
             correct: (G,) int. Correct rollouts of each group.
             trials: (G,) int. Rollouts of each group.
-            informative: (G,) bool. Whether the filter kept the group.
+            informative: (G,) bool. Whether the group was informative (0 < correct < trials, DAPO Eq. 11).
             versions: (G,) int64. Model version that produced each group.
         Each task's counts move to the newest version among its old counts and new groups
         (older evidence decayed to it); a group from an older version enters decayed too.

@@ -293,7 +293,10 @@ class Submit:
         versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
-        self.passrate.observe(idx, correct.sum(axis=1), valid.sum(axis=1), keep, versions)
+        # the estimate predicts DAPO's informative event (0 < correct < n, Eq. 11), whatever the
+        # filter kept: with the filter off every group is kept, and a band keeps fewer
+        n_correct, n_valid = correct.sum(axis=1), valid.sum(axis=1)
+        self.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
         for sel in self.selections.values():
             sel.observe(idx, keep, reasons == GroupReason.ALL_CORRECT)
         self._close_rounds(idx, keep)

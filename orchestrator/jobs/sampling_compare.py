@@ -9,6 +9,7 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 ``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL)
 ``informative_screen``   ours combined: ``informative`` draws plus screens of the uncertain tasks
 ``predicted_skip``       epoch order, tasks skipped by their predicted chance (:mod:`orchestrator.core.skip`)
+``informative_grpo``     ``informative`` draws, no filter: every drawn group trains (GRPO batches of chosen tasks)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
 ``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
@@ -68,12 +69,13 @@ ARMS: dict[str, dict] = {
     "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "screening": {"policy": {"screen_rollouts": SCREEN_K}},
     "predicted_skip": {"policy": {"selection": "predicted_skip"}},
+    "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
     "grpo": {"dynamic_sampling": False},
 }
-OURS = ("informative", "screening", "informative_screen", "predicted_skip")
+OURS = ("informative", "screening", "informative_screen", "predicted_skip", "informative_grpo")
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
@@ -141,13 +143,20 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
 
 
 def run_summary(s: dict, gain: float) -> dict:
-    """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, wall
-    seconds without evaluations), final held-out accuracy, rollouts per emitted group, token shares."""
+    """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, and the
+    seconds the training loop spent to get there: rollouts, trainer steps and weight syncs, without
+    start-up or evaluations), final held-out accuracy, rollouts per emitted group, token shares."""
     target = s["start_heldout_acc"] + gain
     hit = next((e for e in s["evals"] if e["heldout_acc"] >= target - 1e-9), None)
+    loop = [x.get("rollout_seconds", 0.0) + x.get("train_seconds", 0.0) + x.get("sync_seconds", 0.0) + x.get("verify_seconds", 0.0)
+            for x in s.get("steps", [])]
     return {
         "to_target_rollouts": hit["rollouts"] if hit else None,
-        "to_target_seconds": (hit.get("train_wall_seconds", 0.0) if hit["step"] else 0.0) if hit else None,
+        # the training loop's own time up to the crossing: rollouts (with screens and replenish
+        # rounds), trainer steps and weight syncs; start-up and evaluations left out
+        "to_target_seconds": float(sum(loop[: hit["step"]])) if hit else None,
+        # the same from the run's start (warm-start load, engine load, step-0 evaluation included)
+        "to_target_wall_seconds": (hit.get("train_wall_seconds", 0.0) if hit["step"] else 0.0) if hit else None,
         "start": s["start_heldout_acc"], "final": s["end_heldout_acc"],
         "rollouts": s["rollouts"], "rollouts_per_emitted_group": s["rollouts_per_emitted_group"],
         "trained_token_share": s.get("trained_token_share"), "useful_token_share": s.get("useful_token_share"),
@@ -162,7 +171,7 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
     for arm, runs in results.items():
         rows.append({
             "arm": arm, "seeds": len(runs), "reached": sum(r["to_target_rollouts"] is not None for r in runs),
-            **{k: _stats([r[k] for r in runs]) for k in ("to_target_rollouts", "to_target_seconds", "final",
+            **{k: _stats([r.get(k) for r in runs]) for k in ("to_target_rollouts", "to_target_seconds", "to_target_wall_seconds", "final",
                                                          "rollouts_per_emitted_group", "trained_token_share",
                                                          "useful_token_share", "start")},
             "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
@@ -171,11 +180,19 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
     def f(st, fmt):
         return "-" if st is None else f"{format(st['mean'], fmt)} ± {format(st['std'], fmt)}"
 
-    lines = [f"| arm | seeds reaching start + {gain:.2f} | rollouts to target | wall s to target | final held-out acc "
-             "| rollouts / emitted group | generated tokens trained on | ... with non-zero advantage |",
-             "|---|---|---|---|---|---|---|---|"]
+    base = next((r for r in rows if r["arm"] == "epoch"), None)
+
+    def ratio(r, key):
+        if base is None or r[key] is None or base[key] is None:
+            return "-"
+        return f"{r[key]['mean'] / base[key]['mean']:.2f}x"
+
+    lines = [f"| arm | seeds reaching start + {gain:.2f} | rollouts to target | x epoch | loop s to target | x epoch "
+             "| final held-out acc | rollouts / emitted group | generated tokens trained on | ... with non-zero advantage |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['reached']}/{r['seeds']} | {f(r['to_target_rollouts'], '.0f')} | {f(r['to_target_seconds'], '.1f')} "
+        lines.append(f"| {r['arm']} | {r['reached']}/{r['seeds']} | {f(r['to_target_rollouts'], '.0f')} | {ratio(r, 'to_target_rollouts')} "
+                     f"| {f(r['to_target_seconds'], '.1f')} | {ratio(r, 'to_target_seconds')} "
                      f"| {f(r['final'], '.3f')} | {f(r['rollouts_per_emitted_group'], '.1f')} | {f(r['trained_token_share'], '.2f')} "
                      f"| {f(r['useful_token_share'], '.2f')} |")
     return rows, "\n".join(lines) + "\n"
@@ -186,10 +203,11 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
     from orchestrator.jobs.plots import plot_ablation
 
     rows, md = table(results, gain)
-    per_seed = ["", "Per seed (rollouts to target; final held-out accuracy):", ""]
+    per_seed = ["", "Per seed (rollouts to target; loop seconds to target; final held-out accuracy):", ""]
     for r in rows:
         per_seed.append(f"- {r['arm']}: " + ", ".join(
-            f"s{i}: {x['to_target_rollouts'] if x['to_target_rollouts'] is not None else '-'}; {x['final']:.3f}"
+            f"s{i}: {x['to_target_rollouts'] if x['to_target_rollouts'] is not None else '-'}; "
+            f"{format(x['to_target_seconds'], '.1f') if x['to_target_seconds'] is not None else '-'}; {x['final']:.3f}"
             for i, x in enumerate(r["per_seed"])))
     md = md + "\n".join(per_seed) + "\n"
     (out / "comparison.md").write_text(md)
@@ -199,6 +217,22 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
     curves = {a: [r["curve"] for r in runs] for a, runs in results.items()}
     plot_ablation(curves, out / "comparison.png", xlabel="rollouts generated", ylabel="held-out accuracy (avg@4)")
     return md
+
+
+def rebuild(out: Path, gain: float = TARGET_GAIN) -> str:
+    """Rewrite comparison.json / .md / .png of ``out`` from its runs' ``<arm>-s<seed>/train.json``
+    (after a change of the summary figures, or of an interrupted comparison); arms in
+    :data:`ARMS` order, seeds in order. Returns the markdown."""
+    results: dict[str, list[dict]] = {}
+    for arm in ARMS:
+        files = sorted(out.glob(f"{arm}-s*/train.json"), key=lambda p: int(p.parent.name.rsplit("-s", 1)[1]))
+        if files:
+            results[arm] = [run_summary(json.loads(p.read_text()), gain) for p in files]
+    if not results:
+        raise FileNotFoundError(f"{out}: no <arm>-s<seed>/train.json of the arms {list(ARMS)}")
+    old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
+    extra = {k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}
+    return write_outputs(out, results, gain, extra)
 
 
 def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms: list[str] | None = None,

@@ -23,6 +23,26 @@ def test_mixed_tasks_are_disjoint_and_share_the_mix():
     assert held.get(held.task_ids[0]).answer == str(max(*map(int, held.task_ids[0].split("-")[1:])))
 
 
+def test_weighted_families_split_by_largest_remainder():
+    train, held, pool = mixed_tasks(families={"copy3": 1, "max2": 2, "add3": 1}, train_size=10, heldout_size=6, pool_size=8)
+    count = lambda ts, f: sum(t.meta["family"] == f for t in ts)  # noqa: E731
+    # 10 * (1/4, 2/4, 1/4) = 2.5, 5, 2.5 -> remainders to the earlier family: 3, 5, 2
+    assert [count(train, f) for f in ("copy3", "max2", "add3")] == [3, 5, 2]
+    assert [count(held, f) for f in ("copy3", "max2", "add3")] == [2, 3, 1]  # 1.5, 3, 1.5
+    assert [count(pool, f) for f in ("copy3", "max2", "add3")] == [2, 4, 2]
+
+
+def test_copy_tasks_answer_their_prompt():
+    train, _, _ = mixed_tasks(families=["copy3"], train_size=5, heldout_size=2)
+    t = train.get(train.task_ids[0])
+    assert t.answer == t.prompt[0]["content"] and t.task_id == f"copy3-{t.answer}"
+
+
+def test_a_family_too_small_for_its_share_is_refused():
+    with pytest.raises(ValueError, match="'max1' has 100 problems"):
+        mixed_tasks(families=["max1"], train_size=90, heldout_size=20)
+
+
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError, match="'mul2'"):
         mixed_tasks(families=["mul2"])
@@ -40,13 +60,18 @@ def test_summary_reads_the_first_crossing():
              {"step": 4, "rollouts": 400, "heldout_acc": 0.45, "train_wall_seconds": 10.0},
              {"step": 8, "rollouts": 900, "heldout_acc": 0.52, "train_wall_seconds": 21.0},
              {"step": 12, "rollouts": 1300, "heldout_acc": 0.49, "train_wall_seconds": 30.0}]
-    s = {"evals": evals, "start_heldout_acc": 0.3, "end_heldout_acc": 0.49, "rollouts": 1300, "rollouts_per_emitted_group": 13.0,
-         "wall_seconds": 40.0}
-    r = run_summary(s, 0.2)  # target 0.3 + 0.2
-    assert (r["to_target_rollouts"], r["to_target_seconds"], r["final"]) == (900, 21.0, 0.49)
-    rows, md = table({"a": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}]}, 0.2)
+    # 12 steps of 0.5 s rollouts + 0.25 s training + 0.2 s sync + 0.05 s verify = 1 s each
+    steps = [{"step": i + 1, "rollout_seconds": 0.5, "train_seconds": 0.25, "sync_seconds": 0.2, "verify_seconds": 0.05}
+             for i in range(12)]
+    s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.49, "rollouts": 1300,
+         "rollouts_per_emitted_group": 13.0, "wall_seconds": 40.0}
+    r = run_summary(s, 0.2)  # target 0.3 + 0.2: first reached at step 8
+    assert (r["to_target_rollouts"], r["to_target_seconds"], r["to_target_wall_seconds"], r["final"]) == (900, 8.0, 21.0, 0.49)
+    rows, md = table({"epoch": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}],
+                      "a": [{**r, "to_target_rollouts": 500, "to_target_seconds": 6.0}]}, 0.2)
     assert rows[0]["to_target_rollouts"]["mean"] == 1000 and rows[0]["to_target_rollouts"]["std"] == pytest.approx(141.42, abs=0.01)
-    assert "| a | 2/2 | 1000 ± 141 |" in md
+    assert "| epoch | 2/2 | 1000 ± 141 | 1.00x | 8.0 ± 0.0 | 1.00x |" in md
+    assert "| a | 1/1 | 500 ± 0 | 0.50x | 6.0 ± 0.0 | 0.75x |" in md
 
 
 def _bernoulli(rates):

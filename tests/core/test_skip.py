@@ -1,0 +1,71 @@
+"""``predicted_skip``: epoch order, tasks skipped by their predicted chance of an informative group."""
+
+import numpy as np
+import pytest
+
+from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.policy import ResamplingPolicy
+from orchestrator.core.selection import SELECTIONS, SelectionContext
+from orchestrator.core.skip import PredictedSkipSelection, keep_probability
+from orchestrator.core.types import Experience, ExperienceId, Group
+
+
+def group(task, rewards):
+    return Group(task_id=task, rollouts=[Experience(eid=ExperienceId(task=task, run=i), reward=r) for i, r in enumerate(rewards)])
+
+
+def test_the_mode_is_registered():
+    assert SELECTIONS["predicted_skip"] is PredictedSkipSelection
+
+
+def test_keep_probability_by_hand():
+    # clip(I / keep_at, floor, 1): 0.1 / 0.5 = 0.2; 0.01 / 0.5 = 0.02 -> floor 0.05; 0.7 / 0.5 -> 1
+    np.testing.assert_allclose(keep_probability(np.array([0.1, 0.01, 0.7, 0.5]), 0.5, 0.05), [0.2, 0.05, 1.0, 1.0])
+
+
+def test_an_epoch_keeps_every_predicted_informative_task_and_few_of_the_rest():
+    sel = PredictedSkipSelection(200, seed=3)
+    informative = np.where(np.arange(200) < 100, 0.0, 0.6)  # half predicted never informative: kept at the floor 0.05
+    ctx = SelectionContext(skip_until_epoch=np.zeros(200, dtype=np.int64), informative=informative, max_epochs=1)
+    picked = sel.select(200, ctx)
+    assert set(range(100, 200)) <= set(picked.tolist())
+    low = int((picked < 100).sum())
+    assert 0 < low < 15  # about 100 * 0.05 = 5
+    assert sel.passed_over == 100 - low
+    assert len(set(picked.tolist())) == len(picked)  # at most once per epoch
+
+
+def test_a_never_seen_task_of_a_zero_variance_family_is_kept_only_at_the_floor():
+    # 8 tasks of family "easy" (always solved) and 8 of "hard" (never): after the first groups of
+    # 4 tasks of each family the per-tag prior predicts the unseen ones of either family zero-variance
+    tasks = [f"e{i}" for i in range(8)] + [f"h{i}" for i in range(8)]
+    pol = ResamplingPolicy(selection="predicted_skip", target_groups=2, group_size=4)
+    c = OrchestratorCore(pol, tasks, seed=0, task_tags=["easy"] * 8 + ["hard"] * 8)
+    c.submit([group(f"e{i}", [1.0] * 4) for i in range(4)] + [group(f"h{i}", [-1.0] * 4) for i in range(4)])
+    unseen = [c.task_index(t) for t in ["e4", "e5", "e6", "e7", "h4", "h5", "h6", "h7"]]
+    assert (c.predicted_informative()[unseen] < 0.05).all()
+    np.testing.assert_allclose(keep_probability(c.predicted_informative()[unseen], 0.5, 0.05), 0.05)
+
+
+def test_unknown_and_out_of_range_options_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match="selection_options.*bogus"):
+        OrchestratorCore(ResamplingPolicy(selection="predicted_skip", selection_options={"bogus": 1.0}), ["a"], seed=0)
+    with pytest.raises(ValueError, match="keep_at.*1.5"):
+        OrchestratorCore(ResamplingPolicy(selection="predicted_skip", selection_options={"keep_at": 1.5}), ["a"], seed=0)
+
+
+def test_state_round_trip_repeats_the_next_draw():
+    pol = ResamplingPolicy(selection="predicted_skip", target_groups=2, group_size=2)
+    ids = [f"t{i}" for i in range(20)]
+    a = OrchestratorCore(pol, ids, seed=1)
+    a.submit([group(f"t{i}", [1.0, 1.0]) for i in range(10)])
+    a.select_tasks(5)
+    b = OrchestratorCore(pol, ids, seed=1)
+    b.load_state_dict(a.state_dict())
+    assert a.select_tasks(30) == b.select_tasks(30)
+
+
+def test_the_task_row_shows_the_keep_probability():
+    sel = PredictedSkipSelection(3)
+    ctx = SelectionContext(skip_until_epoch=np.zeros(3, dtype=np.int64), informative=np.array([0.1, 0.3, 0.9]))
+    assert sel.task_row(1, ctx) == {"keep_probability": pytest.approx(0.6)}
