@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import ray
@@ -77,6 +77,9 @@ class DapoTrainConfig(BaseModel):
     max_steps: int = Field(10_000, ge=1, description="Upper bound on train batches.")
     sync_every: int = Field(1, ge=1, description="Weight sync (and model version + 1) after every this many batches.")
     eval_every: int = Field(5, ge=1, description="Held-out evaluation every this many batches.")
+    eval_at_rollouts: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Instead of every eval_every batches: evaluate after the first batch at or past each of these "
+        "rollout counts (arms whose batches cost different rollouts are then evaluated on one grid).")
     eval_samples: int = Field(4, ge=1, description="k of avg@k on the held-out tasks.")
     sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
 
@@ -198,6 +201,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         ref_prev = {"classified": 0, "kept": 0, "dropped": dict(ref_loop.dropped)}
     version = 0
     step = 0
+    grid = 0  # next index of cfg.eval_at_rollouts
     while step < cfg.max_steps:
         t0 = time.monotonic()
         if ref_loop is not None:
@@ -262,7 +266,12 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             "rollout_seconds": rollout_s, "train_seconds": train_s,
             "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
         }
-        if step % cfg.eval_every == 0 or rollouts >= cfg.rollout_budget:
+        due = cfg.eval_at_rollouts is None and step % cfg.eval_every == 0
+        if cfg.eval_at_rollouts is not None and grid < len(cfg.eval_at_rollouts) and rollouts >= cfg.eval_at_rollouts[grid]:
+            due = True
+            while grid < len(cfg.eval_at_rollouts) and rollouts >= cfg.eval_at_rollouts[grid]:
+                grid += 1
+        if due or rollouts >= cfg.rollout_budget:
             t2 = time.monotonic()
             ev = _evaluate(held_source, held_tasks, cfg.eval_samples, version, f"eval{step}")
             ev.pop("_groups")

@@ -60,6 +60,10 @@ per task): see ``spread.json`` of a comparison and docs/sampling.md."""
 LR = 1.5e-4
 """Trainer learning rate of every arm (3e-4, the ``max`` demo's, made the arms that train most
 lose accuracy late in the budget)."""
+EVAL_AT = [*range(256, 4097, 256), *range(5120, 12_001, 1024)]
+"""Held-out evaluations: after the first batch at or past each of these rollout counts, for every
+arm (one grid in rollouts, whatever a batch costs an arm): every 256 rollouts up to 4,096, where
+every pilot run crossed the target, then every 1,024; and at the end of the budget."""
 SCREEN_K = 2
 """Rollouts of a screen (of ``group_size`` 8)."""
 
@@ -69,7 +73,7 @@ ARMS: dict[str, dict] = {
     "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "screening": {"policy": {"screen_rollouts": SCREEN_K}},
     "predicted_skip": {"policy": {"selection": "predicted_skip"}},
-    "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}}},
+    "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}, "replenish": "none"}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
@@ -80,10 +84,10 @@ REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
 def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
-    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, eval every 2 batches."""
+    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at :data:`EVAL_AT` rollouts."""
     cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", families=FAMILIES, train_size=TRAIN_SIZE,
                           heldout_size=HELDOUT_SIZE, warm_pool=WARM_POOL, warm_steps=WARM_STEPS,
-                          rollout_budget=BUDGET if budget is None else budget, eval_every=2, eval_samples=4,
+                          rollout_budget=BUDGET if budget is None else budget, eval_at_rollouts=EVAL_AT, eval_samples=4,
                           trainer={"lr": LR})
     return cfg
 
