@@ -184,12 +184,16 @@ class OracleSelection(TaskSelection):
         return order, true[order]
 
     def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
-        return self._order()[0][:count]
+        return self._drawn(self._order()[0][:count])
 
     def fill(self, need: float, limit: int, ctx: SelectionContext) -> np.ndarray:
         order, true = self._order()
         count = int(np.searchsorted(np.cumsum(true), need - 1e-12)) + 1
-        return order[: min(count, limit)]
+        return self._drawn(order[: min(count, limit)])
+
+    def _drawn(self, chosen: np.ndarray) -> np.ndarray:
+        self.picked_epochs = np.zeros(len(chosen), dtype=np.int64)  # one endless epoch (the base contract)
+        return chosen
 
 
 def run_core(model, tasks, a, oracle: bool = False, **policy) -> int:
