@@ -187,7 +187,7 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
     base = next((r for r in rows if r["arm"] == "epoch"), None)
 
     def ratio(r, key):
-        if base is None or r[key] is None or base[key] is None:
+        if base is None or r[key] is None or base[key] is None or base[key]["mean"] == 0:
             return "-"
         return f"{r[key]['mean'] / base[key]['mean']:.2f}x"
 

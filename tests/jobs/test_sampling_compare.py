@@ -74,6 +74,14 @@ def test_summary_reads_the_first_crossing():
     assert "| a | 1/1 | 500 ± 0 | 0.50x | 6.0 ± 0.0 | 0.75x |" in md
 
 
+def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
+    # gain 0: every arm reaches the target at step 0, after 0 rollouts and 0 loop seconds
+    r = {"to_target_rollouts": 0, "to_target_seconds": 0.0, "to_target_wall_seconds": 0.0, "final": 0.3, "start": 0.3,
+         "rollouts_per_emitted_group": 8.0, "trained_token_share": 1.0, "useful_token_share": 0.5}
+    _, md = table({"epoch": [r], "a": [r]}, 0.0)
+    assert "| a | 1/1 | 0 ± 0 | - | 0.0 ± 0.0 | - |" in md
+
+
 def _bernoulli(rates):
     ids = [f"t{i}" for i in range(len(rates))]
     src = BernoulliRolloutSource(dict(zip(ids, rates)), seed=0)
