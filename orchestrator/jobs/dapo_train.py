@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import ray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from algos.dapo import GroupReason, classify_groups
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
@@ -82,6 +82,13 @@ class DapoTrainConfig(BaseModel):
         "rollout counts (arms whose batches cost different rollouts are then evaluated on one grid).")
     eval_samples: int = Field(4, ge=1, description="k of avg@k on the held-out tasks.")
     sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
+
+    @field_validator("eval_at_rollouts")
+    @classmethod
+    def _increasing(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"eval_at_rollouts must be strictly increasing, got {v}")
+        return v
 
 
 def _policy_dir(cfg: DapoTrainConfig) -> Path:

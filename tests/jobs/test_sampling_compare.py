@@ -43,6 +43,15 @@ def test_a_family_too_small_for_its_share_is_refused():
         mixed_tasks(families=["max1"], train_size=90, heldout_size=20)
 
 
+def test_an_evaluation_grid_out_of_order_is_refused_naming_the_field():
+    from pydantic import ValidationError
+
+    from orchestrator.jobs.dapo_train import DapoTrainConfig
+
+    with pytest.raises(ValidationError, match="eval_at_rollouts must be strictly increasing, got \\[512, 256\\]"):
+        DapoTrainConfig(eval_at_rollouts=[512, 256])
+
+
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError, match="'mul2'"):
         mixed_tasks(families=["mul2"])
