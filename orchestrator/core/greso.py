@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
+from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
 
 DEFAULTS = {"p_start": 0.5, "step": 0.01, "p_min": 0.05, "target_zero_share": 0.25, "easy_share": 1 / 3}
 """``selection_options`` keys of ``greso`` and their defaults (see the module docstring)."""
@@ -55,10 +55,7 @@ class GresoSelection(EpochSelection):
 
     def configure(self, policy) -> None:
         super().configure(policy)
-        unknown = set(policy.selection_options) - set(DEFAULTS)
-        if unknown and policy.selection == self.name:
-            raise ValueError(f"selection_options: unknown key(s) {sorted(unknown)} for 'greso'; known: {sorted(DEFAULTS)}")
-        self.options = {**DEFAULTS, **{k: float(v) for k, v in policy.selection_options.items() if k in DEFAULTS}}
+        self.options = mode_options(policy, self.name, DEFAULTS)
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)

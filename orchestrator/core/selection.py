@@ -77,6 +77,19 @@ def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelectio
     return sel
 
 
+def mode_options(policy, name: str, defaults: dict[str, float]) -> dict[str, float]:
+    """Settings of selection mode ``name``: ``defaults`` updated by the policy's ``selection_options``
+    (as floats). When ``name`` is the active selection, a key it does not know is refused.
+
+    Raises:
+        ValueError: naming ``selection_options``, the unknown keys and the known ones.
+    """
+    unknown = set(policy.selection_options) - set(defaults)
+    if unknown and policy.selection == name:
+        raise ValueError(f"selection_options: unknown key(s) {sorted(unknown)} for {name!r}; known: {sorted(defaults)}")
+    return {**defaults, **{k: float(v) for k, v in policy.selection_options.items() if k in defaults}}
+
+
 class TaskSelection:
     """Base class of a task-selection mode.
 

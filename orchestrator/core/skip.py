@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
+from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
 
 DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
 """``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
@@ -60,15 +60,12 @@ class PredictedSkipSelection(EpochSelection):
         super().configure(policy)
         if policy.selection != self.name:
             return
-        opts = dict(policy.selection_options)
-        if unknown := set(opts) - set(DEFAULTS):
-            raise ValueError(f"selection_options: unknown key(s) {sorted(unknown)} for 'predicted_skip'; known: {sorted(DEFAULTS)}")
-        keep_at, floor = float(opts.get("keep_at", DEFAULTS["keep_at"])), float(opts.get("floor", DEFAULTS["floor"]))
-        if not 0.0 < keep_at <= 1.0:
-            raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {keep_at!r}")
-        if not 0.0 <= floor <= 1.0:
-            raise ValueError(f"selection_options.floor: must be in [0, 1], got {floor!r}")
-        self.options = {"keep_at": keep_at, "floor": floor}
+        opts = mode_options(policy, self.name, DEFAULTS)
+        if not 0.0 < opts["keep_at"] <= 1.0:
+            raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {opts['keep_at']!r}")
+        if not 0.0 <= opts["floor"] <= 1.0:
+            raise ValueError(f"selection_options.floor: must be in [0, 1], got {opts['floor']!r}")
+        self.options = opts
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)
