@@ -187,6 +187,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     eval_tokens = 0
     eval_seconds = 0.0
     trained_tokens = useful_tokens = 0
+    tasks_trained: set = set()  # distinct tasks with an informative group trained on so far
 
     first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0")
     eval_tokens += first["heldout_tokens"]
@@ -231,6 +232,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
         useful_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups
                              if not g.padding and g.reason == "informative" for e in g.rollouts)
+        tasks_trained.update(g.task_id for g in batch.groups if not g.padding and g.reason == "informative")
         train_s = time.monotonic() - t1
         step += 1
         sync_row: dict[str, float] = {}
@@ -269,7 +271,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             "step": step, "rollouts": int(rollouts), "model_version": version,
             "keep_rate": kept / classified if classified else math.nan, "groups_classified": classified,
             "dropped": dropped, "reward_all": reward_all, "reward_kept": reward_kept,
-            "batch_rounds": batch.rounds, "batch_padding": batch.num_padding,
+            "batch_rounds": batch.rounds, "batch_padding": batch.num_padding, "distinct_tasks_trained": len(tasks_trained),
             "rollout_seconds": rollout_s, "train_seconds": train_s,
             "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
         }

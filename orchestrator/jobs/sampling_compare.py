@@ -154,8 +154,20 @@ def run_summary(s: dict, gain: float) -> dict:
     hit = next((e for e in s["evals"] if e["heldout_acc"] >= target - 1e-9), None)
     loop = [x.get("rollout_seconds", 0.0) + x.get("train_seconds", 0.0) + x.get("sync_seconds", 0.0) + x.get("verify_seconds", 0.0)
             for x in s.get("steps", [])]
+    cfg = s.get("config", {})
+    n = cfg.get("policy", {}).get("group_size", 8)
+    before = s.get("steps", [])[: hit["step"]] if hit else []
+    informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {
         "to_target_rollouts": hit["rollouts"] if hit else None,
+        # where the crossing falls: passes over the training tasks (history-based skips need one)
+        "to_target_passes": hit["rollouts"] / (cfg["train_size"] * n) if hit and cfg.get("train_size") else None,
+        # rollouts up to the crossing in groups that turned out informative: what a skip that knew
+        # every outcome in advance would have spent on the same groups (a lower bound)
+        "to_target_informative_rollouts": n * informative if hit else None,
+        # distinct tasks trained on (an informative group emitted) up to the crossing, and in the run
+        "to_target_distinct_tasks": before[-1].get("distinct_tasks_trained") if before else (0 if hit else None),
+        "distinct_tasks_trained": s["steps"][-1].get("distinct_tasks_trained") if s.get("steps") else None,
         # the training loop's own time up to the crossing: rollouts (with screens and replenish
         # rounds), trainer steps and weight syncs; start-up and evaluations left out
         "to_target_seconds": float(sum(loop[: hit["step"]])) if hit else None,
@@ -177,7 +189,9 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
             "arm": arm, "seeds": len(runs), "reached": sum(r["to_target_rollouts"] is not None for r in runs),
             **{k: _stats([r.get(k) for r in runs]) for k in ("to_target_rollouts", "to_target_seconds", "to_target_wall_seconds", "final",
                                                          "rollouts_per_emitted_group", "trained_token_share",
-                                                         "useful_token_share", "start")},
+                                                         "useful_token_share", "start", "to_target_passes",
+                                                         "to_target_informative_rollouts", "to_target_distinct_tasks",
+                                                         "distinct_tasks_trained")},
             "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
         })
 
@@ -199,6 +213,17 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
                      f"| {f(r['to_target_seconds'], '.1f')} | {ratio(r, 'to_target_seconds')} "
                      f"| {f(r['final'], '.3f')} | {f(r['rollouts_per_emitted_group'], '.1f')} | {f(r['trained_token_share'], '.2f')} "
                      f"| {f(r['useful_token_share'], '.2f')} |")
+    lines += ["", "Where the crossing falls (seeds that reached the target): passes over the training tasks; the rollouts "
+              "up to it that were in informative groups (what a skip knowing every outcome in advance would have spent; "
+              "x epoch: over `epoch`'s rollouts to target); distinct tasks trained on up to it, and in the whole run.", "",
+              "| arm | passes to target | informative rollouts to target | x epoch | distinct tasks trained to target "
+              "| distinct tasks trained in the run |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        bound = r["to_target_informative_rollouts"]
+        over = ("-" if base is None or bound is None or base["to_target_rollouts"] is None or base["to_target_rollouts"]["mean"] == 0
+                else f"{bound['mean'] / base['to_target_rollouts']['mean']:.2f}x")
+        lines.append(f"| {r['arm']} | {f(r['to_target_passes'], '.2f')} | {f(bound, '.0f')} | {over} "
+                     f"| {f(r['to_target_distinct_tasks'], '.0f')} | {f(r['distinct_tasks_trained'], '.0f')} |")
     return rows, "\n".join(lines) + "\n"
 
 

@@ -83,6 +83,22 @@ def test_summary_reads_the_first_crossing():
     assert "| a | 1/1 | 500 ± 0 | 0.50x | 6.0 ± 0.0 | 0.75x |" in md
 
 
+def test_summary_reads_where_the_crossing_falls():
+    # 4 steps, each 5 groups of 4 classified, 2 dropped (3 informative), 2 new tasks trained per step
+    steps = [{"step": i + 1, "groups_classified": 5, "dropped": {"all_correct": 1, "all_wrong": 1},
+              "distinct_tasks_trained": 2 * (i + 1)} for i in range(4)]
+    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3}, {"step": 3, "rollouts": 60, "heldout_acc": 0.4},
+             {"step": 4, "rollouts": 80, "heldout_acc": 0.41}]
+    s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.41, "rollouts": 80,
+         "rollouts_per_emitted_group": 80 / 12, "wall_seconds": 1.0, "config": {"train_size": 10, "policy": {"group_size": 4}}}
+    r = run_summary(s, 0.1)  # crossed at step 3, after 60 rollouts: 1.5 passes over 10 tasks x 4
+    assert r["to_target_passes"] == 1.5
+    assert r["to_target_informative_rollouts"] == 4 * 3 * 3  # 3 steps x 3 informative groups x 4 rollouts
+    assert (r["to_target_distinct_tasks"], r["distinct_tasks_trained"]) == (6, 8)
+    _, md = table({"epoch": [r]}, 0.1)
+    assert "| epoch | 1.50 ± 0.00 | 36 ± 0 | 0.60x | 6 ± 0 | 8 ± 0 |" in md
+
+
 def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
     # gain 0: every arm reaches the target at step 0, after 0 rollouts and 0 loop seconds
     r = {"to_target_rollouts": 0, "to_target_seconds": 0.0, "to_target_wall_seconds": 0.0, "final": 0.3, "start": 0.3,
