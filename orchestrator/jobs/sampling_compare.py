@@ -9,6 +9,7 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 ``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL)
 ``informative_screen``   ours combined: ``informative`` draws plus screens of the uncertain tasks
 ``predicted_skip``       epoch order, tasks skipped by their predicted chance (:mod:`orchestrator.core.skip`)
+``skip_screen``          ours combined: ``predicted_skip`` plus screens of the tasks it keeps but doubts
 ``informative_grpo``     ``informative`` draws, no filter: every drawn group trains (GRPO batches of chosen tasks)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
@@ -73,13 +74,14 @@ ARMS: dict[str, dict] = {
     "informative_screen": {"policy": {"selection": "informative", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "screening": {"policy": {"screen_rollouts": SCREEN_K}},
     "predicted_skip": {"policy": {"selection": "predicted_skip"}},
+    "skip_screen": {"policy": {"selection": "predicted_skip", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}, "replenish": "none"}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
     "grpo": {"dynamic_sampling": False},
 }
-OURS = ("informative", "screening", "informative_screen", "predicted_skip", "informative_grpo")
+OURS = ("informative", "screening", "informative_screen", "predicted_skip", "skip_screen", "informative_grpo")
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
@@ -160,10 +162,13 @@ def run_summary(s: dict, gain: float) -> dict:
     informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {
         "to_target_rollouts": hit["rollouts"] if hit else None,
+        # trainer steps up to the crossing (rollouts to target = steps x rollouts per step)
+        "to_target_steps": hit["step"] if hit else None,
         # where the crossing falls: passes over the training tasks (history-based skips need one)
         "to_target_passes": hit["rollouts"] / (cfg["train_size"] * n) if hit and cfg.get("train_size") else None,
         # rollouts up to the crossing in groups that turned out informative: what a skip that knew
         # every outcome in advance would have spent on the same groups (a lower bound)
+        "to_target_informative_groups": informative if hit else None,
         "to_target_informative_rollouts": n * informative if hit else None,
         # distinct tasks trained on (an informative group emitted) up to the crossing, and in the run
         "to_target_distinct_tasks": before[-1].get("distinct_tasks_trained") if before else (0 if hit else None),
@@ -189,8 +194,9 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
             "arm": arm, "seeds": len(runs), "reached": sum(r["to_target_rollouts"] is not None for r in runs),
             **{k: _stats([r.get(k) for r in runs]) for k in ("to_target_rollouts", "to_target_seconds", "to_target_wall_seconds", "final",
                                                          "rollouts_per_emitted_group", "trained_token_share",
-                                                         "useful_token_share", "start", "to_target_passes",
-                                                         "to_target_informative_rollouts", "to_target_distinct_tasks",
+                                                         "useful_token_share", "start", "to_target_passes", "to_target_steps",
+                                                         "to_target_informative_groups", "to_target_informative_rollouts",
+                                                         "to_target_distinct_tasks",
                                                          "distinct_tasks_trained")},
             "per_seed": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
         })
@@ -213,16 +219,18 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
                      f"| {f(r['to_target_seconds'], '.1f')} | {ratio(r, 'to_target_seconds')} "
                      f"| {f(r['final'], '.3f')} | {f(r['rollouts_per_emitted_group'], '.1f')} | {f(r['trained_token_share'], '.2f')} "
                      f"| {f(r['useful_token_share'], '.2f')} |")
-    lines += ["", "Where the crossing falls (seeds that reached the target): passes over the training tasks; the rollouts "
-              "up to it that were in informative groups (what a skip knowing every outcome in advance would have spent; "
-              "x epoch: over `epoch`'s rollouts to target); distinct tasks trained on up to it, and in the whole run.", "",
-              "| arm | passes to target | informative rollouts to target | x epoch | distinct tasks trained to target "
-              "| distinct tasks trained in the run |", "|---|---|---|---|---|---|"]
+    lines += ["", "Where the crossing falls (seeds that reached the target): passes over the training tasks; trainer "
+              "steps; informative groups classified up to it, and their rollouts over `epoch`'s rollouts to target (what "
+              "a skip knowing every outcome in advance would have spent); distinct tasks trained on up to it, and in the "
+              "whole run.", "",
+              "| arm | passes to target | trainer steps to target | informative groups to target | their rollouts x epoch "
+              "| distinct tasks trained to target | distinct tasks trained in the run |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         bound = r["to_target_informative_rollouts"]
         over = ("-" if base is None or bound is None or base["to_target_rollouts"] is None or base["to_target_rollouts"]["mean"] == 0
                 else f"{bound['mean'] / base['to_target_rollouts']['mean']:.2f}x")
-        lines.append(f"| {r['arm']} | {f(r['to_target_passes'], '.2f')} | {f(bound, '.0f')} | {over} "
+        lines.append(f"| {r['arm']} | {f(r['to_target_passes'], '.2f')} | {f(r['to_target_steps'], '.1f')} "
+                     f"| {f(r['to_target_informative_groups'], '.0f')} | {over} "
                      f"| {f(r['to_target_distinct_tasks'], '.0f')} | {f(r['distinct_tasks_trained'], '.0f')} |")
     return rows, "\n".join(lines) + "\n"
 
@@ -263,7 +271,7 @@ def rebuild(out: Path, gain: float = TARGET_GAIN) -> str:
     if not results:
         raise FileNotFoundError(f"{out}: no <arm>-s<seed>/train.json of the arms {list(ARMS)}")
     old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
-    extra = {k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}
+    extra = {**{k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}, "arms": list(results)}
     return write_outputs(out, results, gain, extra)
 
 

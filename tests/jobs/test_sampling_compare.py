@@ -64,6 +64,12 @@ def test_every_arm_builds_a_valid_config(tmp_path):
     assert arm_config("informative_screen", 0, tmp_path).policy.screen_rollouts == 2
 
 
+def test_the_cli_help_lists_every_arm_in_order():
+    from orchestrator.cli.train import SAMPLING_ARMS
+
+    assert [a.strip() for a in SAMPLING_ARMS.split(",")] == list(ARMS)
+
+
 def test_summary_reads_the_first_crossing():
     evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3},
              {"step": 4, "rollouts": 400, "heldout_acc": 0.45, "train_wall_seconds": 10.0},
@@ -92,11 +98,11 @@ def test_summary_reads_where_the_crossing_falls():
     s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.41, "rollouts": 80,
          "rollouts_per_emitted_group": 80 / 12, "wall_seconds": 1.0, "config": {"train_size": 10, "policy": {"group_size": 4}}}
     r = run_summary(s, 0.1)  # crossed at step 3, after 60 rollouts: 1.5 passes over 10 tasks x 4
-    assert r["to_target_passes"] == 1.5
-    assert r["to_target_informative_rollouts"] == 4 * 3 * 3  # 3 steps x 3 informative groups x 4 rollouts
+    assert (r["to_target_passes"], r["to_target_steps"]) == (1.5, 3)
+    assert (r["to_target_informative_groups"], r["to_target_informative_rollouts"]) == (9, 36)  # 3 steps x 3 groups x 4
     assert (r["to_target_distinct_tasks"], r["distinct_tasks_trained"]) == (6, 8)
     _, md = table({"epoch": [r]}, 0.1)
-    assert "| epoch | 1.50 ± 0.00 | 36 ± 0 | 0.60x | 6 ± 0 | 8 ± 0 |" in md
+    assert "| epoch | 1.50 ± 0.00 | 3.0 ± 0.0 | 9 ± 0 | 0.60x | 6 ± 0 | 8 ± 0 |" in md
 
 
 def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
