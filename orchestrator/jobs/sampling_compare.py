@@ -151,7 +151,10 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
 def run_summary(s: dict, gain: float) -> dict:
     """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, and the
     seconds the training loop spent to get there: rollouts, trainer steps and weight syncs, without
-    start-up or evaluations), final held-out accuracy, rollouts per emitted group, token shares."""
+    start-up or evaluations), final held-out accuracy, rollouts per emitted group, token shares;
+    and where the crossing falls: passes over the training tasks, trainer steps, informative
+    groups classified up to it (their rollouts are what a skip knowing every outcome in advance
+    would have spent), distinct tasks trained on up to it and in the run."""
     target = s["start_heldout_acc"] + gain
     hit = next((e for e in s["evals"] if e["heldout_acc"] >= target - 1e-9), None)
     loop = [x.get("rollout_seconds", 0.0) + x.get("train_seconds", 0.0) + x.get("sync_seconds", 0.0) + x.get("verify_seconds", 0.0)
