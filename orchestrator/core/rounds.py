@@ -138,9 +138,16 @@ class Rounds:
         return self.epochs_done() or (left is not None and left < self.policy.group_size)
 
     def predicted_keep_rate(self) -> float:
-        """Laplace-smoothed share of groups classified informative so far: (k + 1) / (g + 2)."""
+        """Laplace-smoothed informative groups per task rolled out so far: (k + 1) / (g + s + 2),
+        with k groups classified informative, g groups submitted and s screens stopped.
+
+        A stopped screen is a task of a round that yielded no group; without it in the
+        denominator a screened run would count only its completed screens, nearly all
+        informative, plan each round as if every task yielded a group, and emit short batches
+        after ``max_replenish_rounds`` (measured: a median of 2-3 groups of 8 with screens of 2).
+        Without screening ``s`` is 0."""
         c = self.counters
-        return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + 2)
+        return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + c["screens_stopped"] + 2)
 
     def missing_groups(self) -> int:
         return max(0, self.policy.target_groups - len(self.carry))

@@ -5,6 +5,7 @@ import pytest
 
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.rollout.screening import (
     ScreeningUnsupportedError,
     check_route,
@@ -61,6 +62,20 @@ def test_core_counts_stopped_screens_and_returns_their_unspent_budget():
     assert s.rollouts_total == 4  # only the stopped screens so far
     assert c.counters["rollouts_planned"] == planned - 2 * 6
     assert c.task_stats(plan.task_ids[0]).estimate.evidence_rollouts == 2
+
+
+def test_stopped_screens_size_the_next_round():
+    # 8 tasks screened: 6 stopped, 2 completed and informative -> p = (2 + 1) / (2 + 6 + 2) = 0.3;
+    # 2 groups missing of 4 -> ceil(2 / 0.3) = 7 tasks (counting only completed screens, (2 + 1) / (2 + 2): 3)
+    c = OrchestratorCore(ResamplingPolicy(target_groups=4, group_size=4, screen_rollouts=2), [f"t{i}" for i in range(20)], seed=0)
+    plan = c.plan_round()
+    assert len(plan.task_ids) == 8  # no history: p = 1/2
+    c.record_screens(8, plan.task_ids[:6], np.array([2, 0, 2, 0, 2, 0]), np.array([2] * 6))
+    c.submit([Group(task_id=t, model_version=0, purpose="initial",
+                    rollouts=[Experience(eid=ExperienceId(task=t, run=i), reward=r, metrics={"accuracy": float(r > 0)})
+                              for i, r in enumerate([1.0, -1.0, 1.0, -1.0])]) for t in plan.task_ids[6:]])
+    assert c.predicted_keep_rate() == pytest.approx(0.3)
+    assert len(c.plan_round().task_ids) == 7
 
 
 def test_a_task_predicted_informative_skips_the_screen():
