@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from algos.dapo import GroupReason, classify_groups
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
 from orchestrator.core.types import Batch
-from orchestrator.train.trainer import TrainerConfig
+from orchestrator.train.trainer import TrainerConfig, has_trainable
 
 
 def _train_policy() -> ResamplingPolicy:
@@ -227,7 +227,9 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             batch = Batch(step, groups, model_version=version)
         rollout_s = time.monotonic() - t0
         t1 = time.monotonic()
-        metrics = trainer.train_batch(batch)
+        # a batch of padding only (no informative group in the orchestrator's rounds) trains nothing:
+        # the step is counted and marked, the weights stay as they are
+        metrics = trainer.train_batch(batch) if has_trainable(batch) else {"train_skipped": 1.0}
         # response tokens of the groups trained on, and of those with a non-zero advantage (informative)
         trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
         useful_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups
@@ -306,7 +308,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     if own_engine:
         ray.kill(engine)
     rollouts_total = steps[-1]["rollouts"] if steps else 0
-    groups_trained = int(sum(s["sequences"] for s in steps)) // cfg.policy.group_size
+    groups_trained = int(sum(s.get("sequences", 0) for s in steps)) // cfg.policy.group_size
     summary = {
         "config": json.loads(cfg.model_dump_json()),
         "wall_seconds": round(time.monotonic() - started, 1),

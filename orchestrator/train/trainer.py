@@ -103,6 +103,14 @@ def pack(experiences: list[Experience], pad_id: int = 0) -> dict[str, torch.Tens
     return {"input_ids": ids, "attention_mask": attn, "response_mask": resp, "old_logprobs": old}
 
 
+def has_trainable(batch: Batch) -> bool:
+    """Whether ``batch`` holds a member to train on: a group that is not padding with a member
+    that is not masked (``info["dso_masked"]``). An orchestrator releases a batch of padding
+    only when its replenish rounds found no informative group (every task solved or never
+    solved); a training loop skips such a batch instead of calling :meth:`PolicyTrainer.train_batch`."""
+    return any(not e.info.get("dso_masked") for g in batch.groups if not g.padding for e in g.rollouts)
+
+
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and the entropy of each next-token distribution.
 

@@ -21,7 +21,7 @@ from orchestrator.rollout.source import SamplingConfig
 from orchestrator.service.actor import OrchestratorActor
 from orchestrator.train.sync import TrainableEngineActor, WeightSync, WeightSyncError
 from orchestrator.train.tiny import addition_tasks, build_tiny_llama, warm_start
-from orchestrator.train.trainer import PolicyTrainer, TrainerConfig, TrainStepError, token_logprobs
+from orchestrator.train.trainer import PolicyTrainer, TrainerConfig, TrainStepError, has_trainable, token_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +157,23 @@ def test_a_group_two_model_versions_old_is_dropped_as_stale(engine, model_dir, t
     assert stats.dropped_by_reason["stale"] >= 1
     assert stats.model_version == 2
     assert all(g.model_version == 2 for g in second.groups)
+
+
+def test_a_batch_of_padding_only_has_nothing_to_train_and_the_trainer_refuses_it(model_dir, groups):
+    pad = [copy.deepcopy(g) for g in groups[:2]]
+    for g in pad:
+        g.padding = True
+    batch = Batch(7, pad, model_version=0)
+    assert not has_trainable(batch)  # the training loop skips this batch (run_dapo_training)
+    with pytest.raises(ValueError, match="batch 7: no trainable group"):
+        PolicyTrainer(model_dir, TrainerConfig(mini_batches=1)).train_batch(batch)
+
+
+def test_one_unmasked_member_of_a_real_group_makes_a_batch_trainable(groups):
+    mixed = [copy.deepcopy(g) for g in groups[:2]]
+    mixed[0].padding = True
+    for e in mixed[1].rollouts[1:]:
+        e.info["dso_masked"] = True
+    assert has_trainable(Batch(0, mixed, model_version=0))
+    mixed[1].rollouts[0].info["dso_masked"] = True
+    assert not has_trainable(Batch(0, mixed, model_version=0))
