@@ -108,6 +108,32 @@ def informativeness(alpha: np.ndarray, beta: np.ndarray, n: int) -> np.ndarray:
     return np.clip(1.0 - correct - wrong, 0.0, 1.0)
 
 
+def informative_after_unanimous_screen(alpha: np.ndarray, beta: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chance that a group of n is informative once its first k rollouts came out all correct /
+    all wrong, p ~ Beta(alpha, beta) before them.
+
+    After k correct rollouts the posterior is ``Beta(alpha + k, beta)`` (conjugacy), and the
+    completed group is uninformative only when the other n - k are all correct too:
+    ``1 - E[p**(n-k)]`` under that posterior, ``= 1 - B(alpha + n, beta) / B(alpha + k, beta)``.
+    All wrong, symmetrically: ``1 - B(alpha, beta + n) / B(alpha, beta + k)``. (Beta-Binomial
+    predictive, as :func:`prob_all_equal`; a screen that is not all equal completes to an
+    informative group for certain.)
+
+    Args:
+        alpha, beta: (T,) float, > 0: each task's posterior before the screen.
+        n: group size; k: screen rollouts, 1 <= k < n.
+    Returns:
+        ((T,) float64, (T,) float64): after an all-correct screen, after an all-wrong one.
+    """
+    if not 1 <= k < n:
+        raise ValueError(f"k: screen rollouts must be in [1, n) = [1, {n}), got {k}")
+    alpha = np.asarray(alpha, dtype=np.float64)
+    beta = np.asarray(beta, dtype=np.float64)
+    rest_correct, _ = prob_all_equal(alpha + k, beta, n - k)
+    _, rest_wrong = prob_all_equal(alpha, beta + k, n - k)
+    return 1.0 - rest_correct, 1.0 - rest_wrong
+
+
 def plugin_informativeness(p: np.ndarray, n: int) -> np.ndarray:
     """``1 - p**n - (1-p)**n`` at known pass rates p: (T,) float -> (T,) float64 (DAPO Eq. 11)."""
     p = np.asarray(p, dtype=np.float64)

@@ -220,6 +220,12 @@ class ResamplingPolicy(BaseModel):
         description="Screening: a task whose predicted chance of an informative group is at least this is rolled "
         "out in full without a screen (its history says a screen would rarely stop it); 1 = screen every task.",
     )
+    screen_continue_above: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Screening: complete a screen whose rollouts are all correct (or all wrong) when the task's "
+        "pass-rate posterior, updated by the screen, gives the completed group at least this chance of being "
+        "informative; 1 = stop every such screen (SPEED-RL's rule).",
+    )
     selection_explore: float = Field(
         0.01, ge=0.0, le=1.0,
         description="'informative': share of the draw probability spread uniformly over eligible tasks (exploration; "

@@ -17,6 +17,7 @@ import numpy as np
 
 from orchestrator.core.errors import short_repr
 from orchestrator.core.modes import REPLENISH
+from orchestrator.core.passrate import informative_after_unanimous_screen
 from orchestrator.core.selection import SelectionContext, TaskSelection, make_selection
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
@@ -207,6 +208,20 @@ class Rounds:
             return np.zeros(len(task_ids), dtype=bool)
         idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
         return self.predicted_informative()[idx] < self.policy.screen_skip_above
+
+    def screen_continue(self, task_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """((k,) bool, (k,) bool): complete a round task's screen when its rollouts all come out
+        correct / all wrong: the chance that the completed group is informative, from the task's
+        posterior (:func:`~orchestrator.core.passrate.informative_after_unanimous_screen`), is at
+        least ``policy.screen_continue_above``. All False at its default 1 (SPEED-RL's rule)."""
+        p = self.policy
+        none = np.zeros(len(task_ids), dtype=bool)
+        if not p.screen_rollouts or not task_ids or p.screen_continue_above >= 1.0:
+            return none, none.copy()
+        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        alpha, beta = self.passrate.posterior(self.model_version, p.group_size)
+        after_correct, after_wrong = informative_after_unanimous_screen(alpha[idx], beta[idx], p.group_size, p.screen_rollouts)
+        return after_correct >= p.screen_continue_above, after_wrong >= p.screen_continue_above
 
     def record_screens(self, screened: int, task_ids: list[str], correct: np.ndarray, trials: np.ndarray) -> None:
         """Count a round's screens and take the evidence of those that stopped (all rollouts equal,

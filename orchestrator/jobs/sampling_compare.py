@@ -103,10 +103,57 @@ def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> Dap
     return DapoTrainConfig.model_validate(data)
 
 
+def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SCREEN_K) -> dict:
+    """Rollouts per informative group that ways of choosing tasks spend on one policy, from 2n
+    judged rollouts of every task: the first n are what an earlier pass saw of the task (its
+    history), the last n the group a rule rolls (its first k the screen). No model of pass rates
+    is assumed; every figure is a count over the tasks.
+
+    A group is informative when it is neither all correct nor all wrong (DAPO, Eq. 11). Rules:
+
+    * ``full``: every task rolled in full, as ``epoch`` does in its first pass: cost n;
+    * ``screen``: a screen of k completed when mixed (SPEED-RL, :mod:`orchestrator.rollout.screening`):
+      cost k, plus n - k when completed; it yields only completed groups;
+    * ``family_skip_screen``: as ``screen``, with the families whose earlier groups were
+      informative less than 5 % of the time skipped (what a family prior finds);
+    * ``history_skip``: only the tasks whose earlier group was informative rolled in full: what a
+      skip that remembers one earlier group per task (a second pass) can do at best.
+
+    Args:
+        outcomes: (T, 2n) bool, correct or not.
+        family: (T,) each task's family.
+    Returns:
+        rule -> ``{"rollouts_per_informative": total cost / informative groups yielded, "x_full": ratio to full}``.
+    """
+    outcomes = np.asarray(outcomes, dtype=bool)
+    family = np.asarray(family)
+    if outcomes.ndim != 2 or outcomes.shape[1] != 2 * n:
+        raise ValueError(f"outcomes: expected shape (tasks, {2 * n}), got {outcomes.shape}")
+
+    def mixed(x: np.ndarray) -> np.ndarray:
+        return x.any(axis=1) & ~x.all(axis=1)
+
+    earlier, group = outcomes[:, :n], outcomes[:, n:]
+    was, full, screened = mixed(earlier), mixed(group), mixed(group[:, :k])
+    share = {f: was[family == f].mean() for f in set(family.tolist())}
+    skip = np.array([share[f] < 0.05 for f in family.tolist()])
+    screen_cost = k + (n - k) * screened
+    rules = {
+        "full": (np.full(len(full), n), full),
+        "screen": (screen_cost, screened),
+        "family_skip_screen": (np.where(skip, 0, screen_cost), screened & ~skip),
+        "history_skip": (np.where(was, n, 0), full & was),
+    }
+    per = {r: float(c.sum() / max(int(y.sum()), 1)) for r, (c, y) in rules.items()}
+    return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}
+
+
 def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict:
     """Pass rate of every training and held-out task on the warm-started policy (``samples``
     rollouts each, temperature of ``cfg``): shares nearly always solved (>= 0.9), nearly never
-    (<= 0.1) and between, overall and per family."""
+    (<= 0.1) and between, overall and per family; and for the training tasks, what one pass
+    would cost per informative group by each rule of :func:`pass_costs` (with ``samples`` = 2 x
+    group size: the first half as the task's history, the second as its group)."""
     import ray
 
     from orchestrator.jobs.dapo_train import _policy_dir, start_engine, task_sets
@@ -135,6 +182,9 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
         for f in sorted(set(fam)):
             r = rate[fam == f]
             row["families"][f] = {"mean": float(r.mean()), "solved": float((r >= 0.9).mean()), "unsolved": float((r <= 0.1).mean())}
+        if name == "train" and samples == 2 * cfg.policy.group_size:
+            outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
+            row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size)
         out[name] = row
     if own:
         ray.kill(engine)

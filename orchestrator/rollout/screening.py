@@ -112,12 +112,17 @@ def _renumber(group: Group, first_run: int, round_tag: str) -> Group:
 
 
 def screened_generate(source, tasks: list[Task], n: int, k: int, screen: np.ndarray, *, judge: str,
-                      correct_threshold: float, model_version: int, round_tag: str, **filter_kwargs) -> ScreenResult:
+                      correct_threshold: float, model_version: int, round_tag: str,
+                      go_if_correct: np.ndarray | None = None, go_if_wrong: np.ndarray | None = None,
+                      **filter_kwargs) -> ScreenResult:
     """Roll a round with screens: tasks with ``screen[i]`` get k rollouts first, the others n.
 
     Args:
         source: a rollout source (``generate(tasks, n, model_version=..., round_tag=...)``).
         screen: (len(tasks),) bool.
+        go_if_correct, go_if_wrong: (len(tasks),) bool or None (all False): complete task i's
+            screen also when its k rollouts are all correct / all wrong
+            (:meth:`orchestrator.core.rounds.Rounds.screen_continue`).
         judge: the metric the filter judges (``"reward"`` or a metric name).
         correct_threshold: a judged value at or above it counts as correct (evidence of a stopped screen).
     Returns:
@@ -133,13 +138,18 @@ def screened_generate(source, tasks: list[Task], n: int, k: int, screen: np.ndar
     if len(scr):
         first = source.generate([tasks[i] for i in scr], k, model_version=model_version, round_tag=round_tag + "s")
         values = np.array([[_judged(e, judge) for e in g.rollouts] for g in first])
+        right = (values >= correct_threshold).sum(axis=1)
         go = continue_mask(values, correct_threshold=correct_threshold, **filter_kwargs)
+        if go_if_correct is not None:
+            go |= (right == k) & np.asarray(go_if_correct, dtype=bool)[scr]
+        if go_if_wrong is not None:
+            go |= (right == 0) & np.asarray(go_if_wrong, dtype=bool)[scr]
         rest = source.generate([tasks[i] for i in scr[go]], n - k, model_version=model_version, round_tag=round_tag + "c")
         for i, g, r in zip(scr[go], [g for g, c in zip(first, go) if c], rest, strict=True):
             _renumber(g, 0, round_tag)
             g.rollouts = g.rollouts + _renumber(r, k, round_tag).rollouts
             out[i] = g
         stopped = [tasks[i].task_id for i in scr[~go]]
-        correct = [int((v >= correct_threshold).sum()) for v, c in zip(values, go) if not c]
+        correct = [int(r) for r, c in zip(right, go) if not c]
     return ScreenResult([g for g in out if g is not None], stopped, np.array(correct, dtype=np.int64),
                         np.full(len(stopped), k, dtype=np.int64), len(scr))

@@ -103,7 +103,9 @@ class BernoulliRolloutSource:
         self._rng = np.random.default_rng(seed)
 
     def generate(self, tasks: list[Task], n: int, *, model_version: int = 0, round_tag: str = "") -> list[Group]:
-        p = [[self.pass_rates[t.task_id]] for t in tasks]
+        import numpy as np
+
+        p = np.array([self.pass_rates[t.task_id] for t in tasks], dtype=np.float64)[:, None]  # (G, 1), also for G = 0
         correct = self._rng.random((len(tasks), n)) < p
         return [
             Group(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
-from orchestrator.jobs.sampling_compare import ARMS, arm_config, run_comparison, run_summary, table
+from orchestrator.jobs.sampling_compare import ARMS, arm_config, pass_costs, run_comparison, run_summary, table
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 from orchestrator.train.tiny import mixed_tasks
 
@@ -147,3 +147,29 @@ def test_two_arm_smoke_writes_the_comparison(tmp_path):
     assert (tmp_path / "comparison.png").stat().st_size > 0 and "| epoch |" in out["markdown"]
     screening = json.loads((tmp_path / "screening-s0" / "train.json").read_text())
     assert screening["stats"]["screens"] > 0
+
+
+def test_pass_costs_count_rollouts_per_informative_group_by_hand():
+    # task 0: earlier group mixed; its group mixed, but its screen (first 2) all correct
+    # task 1: earlier group and group all correct; task 2: earlier mixed, group and screen mixed
+    a = [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0]
+    b = [1] * 16
+    c = [1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1]
+    out = pass_costs(np.array([a, b, c], dtype=bool), np.array(["f", "f", "f"]), n=8, k=2)
+    assert out["full"]["rollouts_per_informative"] == 24 / 2
+    assert out["screen"]["rollouts_per_informative"] == (2 + 2 + 8) / 1
+    assert out["family_skip_screen"]["rollouts_per_informative"] == 12.0  # the family's earlier groups: 2 of 3 informative
+    assert out["history_skip"]["rollouts_per_informative"] == 16 / 2  # tasks 0 and 2 rolled, both informative
+    assert out["history_skip"]["x_full"] == 8 / 12
+
+
+def test_pass_costs_skip_a_family_whose_earlier_groups_were_never_informative():
+    mixed = [1, 0] * 8
+    out = pass_costs(np.array([mixed, [0] * 16], dtype=bool), np.array(["f", "z"]), n=8, k=2)
+    assert out["screen"]["rollouts_per_informative"] == (8 + 2) / 1
+    assert out["family_skip_screen"]["rollouts_per_informative"] == 8 / 1
+
+
+def test_pass_costs_refuse_outcomes_that_are_not_two_groups_per_task():
+    with pytest.raises(ValueError, match=r"outcomes: expected shape \(tasks, 16\), got \(2, 8\)"):
+        pass_costs(np.zeros((2, 8), dtype=bool), np.array(["f", "f"]), n=8)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.passrate import informative_after_unanimous_screen
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.core.types import Experience, ExperienceId, Group
 from orchestrator.rollout.screening import (
@@ -133,3 +134,40 @@ def test_the_cap_never_releases_an_empty_batch_when_every_screen_stopped():
         plan = c.plan_round()
         c.record_screens(len(plan.task_ids), plan.task_ids, np.zeros(len(plan.task_ids)), np.full(len(plan.task_ids), 2))
     assert not c.cap_reached()
+
+
+def test_chance_of_an_informative_group_after_a_unanimous_screen_by_hand():
+    # Beta(1, 1), n = 8, k = 2: after 2 correct Beta(3, 1), E[p**6] = B(9, 1) / B(3, 1) = 3/9: 2/3;
+    # Beta(2, 1): after 2 correct Beta(4, 1), E[p**6] = (1/10) / (1/4) = 0.4: 0.6;
+    # after 2 wrong Beta(2, 3), E[(1-p)**6] = B(2, 9) / B(2, 3) = (1/90) / (1/12): 1 - 12/90
+    after_correct, after_wrong = informative_after_unanimous_screen(np.array([1.0, 2.0]), np.array([1.0, 1.0]), 8, 2)
+    assert after_correct == pytest.approx([2 / 3, 0.6])
+    assert after_wrong == pytest.approx([2 / 3, 1 - 12 / 90])
+
+
+def test_a_screen_as_large_as_the_group_is_refused_naming_k():
+    with pytest.raises(ValueError, match=r"k: screen rollouts must be in \[1, n\) = \[1, 8\), got 8"):
+        informative_after_unanimous_screen(np.ones(1), np.ones(1), 8, 8)
+
+
+def test_an_all_correct_screen_is_completed_where_the_posterior_says_go():
+    rates = {"easy": 1.0, "hard": 0.0}
+    src = BernoulliRolloutSource(rates, seed=0)
+    tasks = [ScriptedTasks(list(rates)).get(t) for t in rates]
+    res = screened_generate(src, tasks, 8, 2, np.array([True, True]), judge="accuracy", correct_threshold=1.0,
+                            model_version=0, round_tag="b0r0", go_if_correct=np.array([True, True]),
+                            go_if_wrong=np.array([False, False]))
+    assert [g.task_id for g in res.groups] == ["easy"] and len(res.groups[0].rollouts) == 8
+    assert [e.eid.run for e in res.groups[0].rollouts] == list(range(8))
+    assert res.stopped_task_ids == ["hard"] and res.stopped_correct.tolist() == [0]
+
+
+def test_the_core_completes_unanimous_screens_only_above_the_policy_threshold():
+    # no evidence yet: the prior is Beta(1, 1), so either unanimous screen of 2 of 8 leaves 2/3
+    policy = ResamplingPolicy(target_groups=2, group_size=8, screen_rollouts=2)
+    c = OrchestratorCore(policy, ["a", "b"], seed=0)
+    assert not np.concatenate(c.screen_continue(["a", "b"])).any()  # default 1: SPEED-RL's rule
+    c.set_policy(policy.updated({"screen_continue_above": 0.6}))
+    assert np.concatenate(c.screen_continue(["a", "b"])).all()
+    c.set_policy(policy.updated({"screen_continue_above": 0.7}))
+    assert not np.concatenate(c.screen_continue(["a", "b"])).any()
