@@ -288,11 +288,25 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
     return rows, "\n".join(lines) + "\n"
 
 
+def pass_costs_table(per_seed: dict[str, dict]) -> str:
+    """Markdown: :func:`pass_costs` per rule, mean ± std over seeds (``per_seed``: seed -> rule -> figures)."""
+    lines = ["", "What one pass allows, on each seed's warm-started policy (16 rollouts per training task: the first 8 "
+             "as an earlier group, the last 8 as the group rolled; `pass_costs`):", "",
+             "| rule | rollouts per informative group | x full |", "|---|---|---|"]
+    for rule in next(iter(per_seed.values())):
+        v = _stats([s[rule]["rollouts_per_informative"] for s in per_seed.values()])
+        x = _stats([s[rule]["x_full"] for s in per_seed.values()])
+        lines.append(f"| {rule} | {v['mean']:.1f} ± {v['std']:.1f} | {x['mean']:.2f} ± {x['std']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra: dict) -> str:
     """comparison.json / .md / .png in ``out``; returns the markdown."""
     from orchestrator.jobs.plots import plot_ablation
 
     rows, md = table(results, gain)
+    if extra.get("pass_costs"):
+        md += pass_costs_table(extra["pass_costs"])
     per_seed = ["", "Per seed (rollouts to target; loop seconds to target; final held-out accuracy):", ""]
     for r in rows:
         per_seed.append(f"- {r['arm']}: " + ", ".join(
@@ -333,7 +347,8 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
     """Every arm x seed, seed-major (all arms of seed 0 first, so a partial run compares like with
     like), one vLLM engine for all runs (each run loads its own warm start into it); the outputs
     are rewritten after every run. With ``spread``, the task set's difficulty spread on seed 0's
-    warm-started policy is measured first (``spread.json``).
+    warm-started policy is measured first (``spread.json``), and every seed's :func:`pass_costs`
+    before its runs (``comparison.json``'s ``pass_costs``, a table in ``comparison.md``).
 
     Returns:
         ``{"rows": [...], "markdown": str}``.
@@ -361,6 +376,11 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
             (out / "spread.json").write_text(json.dumps(extra["spread"], indent=1))
             say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
         for seed in range(seeds):
+            if spread:
+                cfg = base_config(out / "spread", seed, budget)
+                costs = extra["spread"]["train"]["pass_costs"] if seed == 0 else measure_spread(cfg, engine=engine)["train"]["pass_costs"]
+                extra.setdefault("pass_costs", {})[str(seed)] = costs
+                say(f"seed {seed}, one pass: " + ", ".join(f"{r} {v['rollouts_per_informative']:.1f} ({v['x_full']:.2f}x)" for r, v in costs.items()))
             for arm in chosen:
                 cfg = arm_config(arm, seed, out, budget)
                 try:

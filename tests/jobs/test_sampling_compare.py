@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
-from orchestrator.jobs.sampling_compare import ARMS, arm_config, pass_costs, run_comparison, run_summary, table
+from orchestrator.jobs.sampling_compare import ARMS, arm_config, pass_costs, pass_costs_table, run_comparison, run_summary, table
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 from orchestrator.train.tiny import mixed_tasks
 
@@ -173,3 +173,11 @@ def test_pass_costs_skip_a_family_whose_earlier_groups_were_never_informative():
 def test_pass_costs_refuse_outcomes_that_are_not_two_groups_per_task():
     with pytest.raises(ValueError, match=r"outcomes: expected shape \(tasks, 16\), got \(2, 8\)"):
         pass_costs(np.zeros((2, 8), dtype=bool), np.array(["f", "f"]), n=8)
+
+
+def test_pass_costs_table_gives_mean_and_std_over_seeds():
+    per_seed = {"0": {"full": {"rollouts_per_informative": 18.0, "x_full": 1.0}, "history_skip": {"rollouts_per_informative": 10.0, "x_full": 0.5}},
+                "1": {"full": {"rollouts_per_informative": 20.0, "x_full": 1.0}, "history_skip": {"rollouts_per_informative": 12.0, "x_full": 0.7}}}
+    md = pass_costs_table(per_seed)
+    assert "| full | 19.0 ± 1.4 | 1.00 ± 0.00 |" in md  # stdev of 18, 20: sqrt(2) = 1.41
+    assert "| history_skip | 11.0 ± 1.4 | 0.60 ± 0.14 |" in md
