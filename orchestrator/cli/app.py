@@ -241,3 +241,6 @@ _register_training(app)
 from orchestrator.cli.trinity_demo import register as _register_trinity_demo  # noqa: E402  (trinity-demo)
 
 _register_trinity_demo(app)
+
+if __name__ == "__main__":  # python -m orchestrator.cli.app, as the trinity-dso script
+    app()

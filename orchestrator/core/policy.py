@@ -279,10 +279,9 @@ class ResamplingPolicy(BaseModel):
                 f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size}) "
                 "when group_validity or stale_members is 'mask' (the only settings that use it)"
             )
-        from orchestrator.core.selection import SELECTIONS
+        from orchestrator.core.selection import selection_class
 
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection: unknown mode {self.selection!r}; registered: {sorted(SELECTIONS)}")
+        selection_class(self.selection)  # refuses an unknown mode, naming the registered ones
         if self.screen_rollouts and not 1 <= self.screen_rollouts < self.group_size:
             raise ValueError(f"screen_rollouts ({self.screen_rollouts}) must be < group_size ({self.group_size}) "
                              "(a screen rolls part of a group; 0 turns screening off)")

@@ -64,15 +64,20 @@ def register_selection(cls: type) -> type:
     return cls
 
 
-def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
-    """A new selection of mode ``name``, configured from ``policy``.
+def selection_class(name: str) -> type[TaskSelection]:
+    """The registered class of mode ``name``.
 
     Raises:
         ValueError: unknown name (the known ones are listed).
     """
     if name not in SELECTIONS:
         raise ValueError(f"selection: unknown mode {name!r}; registered: {sorted(SELECTIONS)}")
-    sel = SELECTIONS[name](num_tasks, seed)
+    return SELECTIONS[name]
+
+
+def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
+    """A new selection of mode ``name``, configured from ``policy`` (:func:`selection_class` refuses an unknown one)."""
+    sel = selection_class(name)(num_tasks, seed)
     sel.configure(policy)
     return sel
 

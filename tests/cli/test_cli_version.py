@@ -18,3 +18,10 @@ def test_version_prints_ours_first_then_the_stack_and_exits_0():
     assert lines[0] == f"trinity-dso {ours}"
     names = [line.split()[0] for line in lines]
     assert names[1:3] == ["trinity-rft", "ray"] and "torch" in names
+
+
+def test_the_module_runs_as_the_script_does():
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "--version"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("trinity-dso ")

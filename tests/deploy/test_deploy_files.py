@@ -182,3 +182,14 @@ def test_serve_configs_validate(path):
 def test_example_binds_loopback():
     assert ServeConfig.model_validate(load(ROOT / "examples/service/service.yaml")).service.host == "127.0.0.1"
     assert ServeConfig().service.host == "127.0.0.1"
+
+
+def test_prometheus_loads_the_mounted_alert_rules(compose):
+    prom_mounts = {t: s for s, t in bind_mounts(compose["services"]["prometheus"])}
+    cfg = load(ROOT / prom_mounts["/etc/prometheus/prometheus.yml"])
+    assert cfg["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    rules = [r for g in load(ROOT / prom_mounts["/etc/prometheus/alerts.yml"])["groups"] for r in g["rules"]]
+    assert [r["alert"] for r in rules] == ["TrinityDsoDown", "TrinityDsoErrors"]
+    assert all(r["labels"]["severity"] in ("critical", "warning") and r["annotations"]["summary"] for r in rules)
+    # the down alert watches the scrape job that prometheus.yml defines
+    assert 'job="trinity-dso"' in rules[0]["expr"] and "trinity-dso" in {j["job_name"] for j in cfg["scrape_configs"]}

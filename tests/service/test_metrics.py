@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.core.machine import OrchestratorCore
@@ -27,6 +28,7 @@ from orchestrator.service.metrics import DSOMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "trinity-dso.json"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 DSO_TOKEN = "metrics-token"
 MIXED, WRONG = [1.0, -1.0], [-1.0, -1.0]
 
@@ -328,6 +330,17 @@ def dashboard_exprs() -> list[str]:
     return exprs
 
 
+def alert_rules() -> list[dict]:
+    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+
+
+def test_every_metric_an_alert_rule_reads_exists_in_a_live_scrape(live):
+    _handle, client = live
+    names = {name for name, _ in scrape(client)}
+    used = {m for r in alert_rules() for m in re.findall(r"\bdso_[a-z0-9_]+", r["expr"])}
+    assert used == {"dso_errors_total"} and used <= names
+
+
 def test_every_metric_in_the_dashboard_exists_in_a_live_scrape(live):
     handle, client = live
     ray.get(handle.next_batch.remote())
@@ -367,7 +380,8 @@ def test_a_real_prometheus_scrapes_the_service(live, tmp_path, dso_service):
     ray.get(handle.next_batch.remote())
     target = dso_service.url.removeprefix("http://")
     (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\n"
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{ALERTS}']\n"
         f"scrape_configs:\n  - job_name: trinity-dso\n    metrics_path: /metrics\n"
         f"    static_configs: [{{targets: ['{target}']}}]\n"
     )
@@ -375,12 +389,15 @@ def test_a_real_prometheus_scrapes_the_service(live, tmp_path, dso_service):
     proc = subprocess.Popen(
         [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
     )
     try:
         deadline, result = time.monotonic() + 60, []
         while time.monotonic() < deadline and not result:
             time.sleep(0.5)
+            if proc.poll() is not None:  # a config or rule file it refuses ends it at once
+                errors = [x for x in (tmp_path / "prometheus.log").read_text().splitlines() if "level=error" in x]
+                pytest.fail(f"prometheus exited with {proc.returncode}: {errors}")
             try:
                 r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": "dso_batches_total"}, timeout=5)
             except httpx.HTTPError:
@@ -392,6 +409,14 @@ def test_a_real_prometheus_scrapes_the_service(live, tmp_path, dso_service):
         r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query",
                       params={"query": 'sum(dso_groups_classified_total{outcome="informative"})'}, timeout=5)
         assert float(r.json()["data"]["result"][0]["value"][1]) == 4.0
+        # the repository's alert rules load and evaluate (health "ok"), and none fires on a healthy service
+        deadline, rules = time.monotonic() + 30, []
+        while time.monotonic() < deadline and (not rules or any(x["health"] == "unknown" for x in rules)):
+            time.sleep(0.5)  # "unknown" until a rule's first evaluation
+            data = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()["data"]["groups"]
+            rules = [x for g in data for x in g["rules"]]
+        assert {x["name"] for x in rules} == {r["alert"] for r in alert_rules()}
+        assert all(x["health"] == "ok" and x["state"] == "inactive" for x in rules), rules
     finally:
         proc.terminate()
         proc.wait(timeout=30)
