@@ -28,13 +28,12 @@ def _f(x, digits: int = 3, kind: str = "f") -> str:
 def progress_line(row: dict) -> str:
     """One line per step: step, rollouts, keep rate, reward, held-out accuracy, model version."""
     acc = row.get("heldout_acc")
+    head = f"step {row['step']:3d} | rollouts {row['rollouts']:6d} | keep {_f(row['keep_rate'], 2)} | "
+    tail = f"v{row['model_version']}" + (f" | held-out acc {acc:.3f}" if acc is not None else "")
     if row.get("train_skipped"):  # a batch of padding only: no trainer metrics
-        return (f"step {row['step']:3d} | rollouts {row['rollouts']:6d} | keep {_f(row['keep_rate'], 2)} | "
-                f"no informative group: no update | v{row['model_version']}" + (f" | held-out acc {acc:.3f}" if acc is not None else ""))
-    return (f"step {row['step']:3d} | rollouts {row['rollouts']:6d} | keep {_f(row['keep_rate'], 2)} | "
-            f"reward {_f(row['reward_mean'], 2)} | entropy {_f(row['entropy'], 3)} | "
-            f"clip {_f(row['pg_clipfrac'], 3)}/{_f(row['pg_clipfrac_lower'], 3)} | kl {_f(row['kl_ref'], 4)} | "
-            f"v{row['model_version']}" + (f" | held-out acc {acc:.3f}" if acc is not None else ""))
+        return head + "no informative group: no update | " + tail
+    return (head + f"reward {_f(row['reward_mean'], 2)} | entropy {_f(row['entropy'], 3)} | "
+            f"clip {_f(row['pg_clipfrac'], 3)}/{_f(row['pg_clipfrac_lower'], 3)} | kl {_f(row['kl_ref'], 4)} | " + tail)
 
 
 def train_table(summary: dict) -> Table:

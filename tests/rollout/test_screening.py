@@ -171,3 +171,22 @@ def test_the_core_completes_unanimous_screens_only_above_the_policy_threshold():
     assert np.concatenate(c.screen_continue(["a", "b"])).all()
     c.set_policy(policy.updated({"screen_continue_above": 0.7}))
     assert not np.concatenate(c.screen_continue(["a", "b"])).any()
+
+
+@pytest.mark.parametrize(("continue_above", "rollouts", "stopped"), [(1.0, 2, 1), (0.6, 8, 0)])
+def test_the_actor_rolls_a_unanimous_screen_on_only_where_the_policy_says(continue_above, rollouts, stopped):
+    # one task solved for certain, one epoch: one screen of 2, all correct. Without evidence the
+    # prior is Beta(1, 1) and the completed group would be informative with chance 2/3: at 0.6
+    # the actor completes it (8 rollouts, dropped as all correct), at 1 it stops the screen (2)
+    import asyncio
+
+    from orchestrator.core.machine import DataExhaustedError
+    from orchestrator.service.actor import Orchestrator
+
+    orch = Orchestrator({"target_groups": 1, "group_size": 8, "max_epochs": 1, "screen_rollouts": 2,
+                         "screen_continue_above": continue_above},
+                        ScriptedTasks(["easy"]), BernoulliRolloutSource({"easy": 1.0}, seed=0))
+    with pytest.raises(DataExhaustedError):
+        asyncio.run(orch.next_batch())
+    s = orch.get_stats()
+    assert (s.screens, s.screens_stopped, s.rollouts_total) == (1, stopped, rollouts)
