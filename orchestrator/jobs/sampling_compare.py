@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from algos.dapo import classify_groups
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 
 FAMILIES = {"copy3": 1, "max2": 2, "add3": 1}
@@ -130,8 +131,8 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
     if outcomes.ndim != 2 or outcomes.shape[1] != 2 * n:
         raise ValueError(f"outcomes: expected shape (tasks, {2 * n}), got {outcomes.shape}")
 
-    def mixed(x: np.ndarray) -> np.ndarray:
-        return x.any(axis=1) & ~x.all(axis=1)
+    def mixed(x: np.ndarray) -> np.ndarray:  # DAPO's filter on 0/1 judged values: kept = not all equal
+        return np.asarray(classify_groups(x.astype(np.float64))[0], dtype=bool)
 
     earlier, group = outcomes[:, :n], outcomes[:, n:]
     was, full, screened = mixed(earlier), mixed(group), mixed(group[:, :k])
