@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
-from orchestrator.jobs.sampling_compare import ARMS, arm_config, pass_costs, pass_costs_table, run_comparison, run_summary, table
+from orchestrator.jobs.sampling_compare import (ARMS, arm_config, paired_ratio, pass_costs, pass_costs_table, run_comparison,
+                                                run_summary, table)
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 from orchestrator.train.tiny import mixed_tasks
 
@@ -111,6 +112,27 @@ def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
          "rollouts_per_emitted_group": 8.0, "trained_token_share": 1.0, "useful_token_share": 0.5}
     _, md = table({"epoch": [r], "a": [r]}, 0.0)
     assert "| a | 1/1 | 0 ± 0 | - | 0.0 ± 0.0 | - |" in md
+
+
+def test_paired_ratio_pairs_seeds_and_bounds_by_the_extreme_seeds():
+    # seed 2 did not reach the target in the arm: it is left out of both means
+    arm = [{"k": 500}, {"k": 900}, {"k": None}]
+    base = [{"k": 1000}, {"k": 1000}, {"k": 800}]
+    r = paired_ratio(arm, base, "k")
+    assert (r["ratio"], r["n"], r["per_seed"]) == (pytest.approx(0.7), 2, [0.5, 0.9, None])
+    # two seeds: a resample is both seed 0 (0.5), both seed 1 (0.9) or one of each (0.7), each pure case 1/4 of the time
+    assert (r["low"], r["high"]) == (pytest.approx(0.5), pytest.approx(0.9))
+
+
+def test_paired_ratio_without_a_common_seed_is_none():
+    assert paired_ratio([{"k": None}], [{"k": 100}], "k") is None
+
+
+def test_the_paired_table_gives_the_interval_and_each_seed():
+    runs = [{"to_target_rollouts": x, "to_target_seconds": 1.0, "final": 0.5, "start": 0.3, "rollouts_per_emitted_group": 8.0}
+            for x in (1000, 1000)]
+    _, md = table({"epoch": runs, "a": [{**runs[0], "to_target_rollouts": 500}, {**runs[1], "to_target_rollouts": 900}]}, 0.1)
+    assert "| a | 0.70x [0.50, 0.90] (2) | 1.00x [1.00, 1.00] (2) | 0.50, 0.90 |" in md
 
 
 def _bernoulli(rates):
