@@ -75,7 +75,8 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
 from orchestrator.core.rounds import OPEN_ROUNDS_KEPT, RoundPlan, Rounds  # noqa: F401
 from orchestrator.core.rows import GroupRows, flagged  # noqa: F401
-from orchestrator.core.selection import TaskSelection, make_selection
+from orchestrator.core.selection import TaskSelection
+from orchestrator.core.selections import make_selection
 from orchestrator.core.state import CoreState, group_from_dict, group_to_dict, json_safe  # noqa: F401
 from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
 from orchestrator.core.submit import Submit

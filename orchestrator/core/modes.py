@@ -9,8 +9,8 @@ name (:data:`GROUP_VALIDITY`, :data:`STALE_MEMBERS`, :data:`REPLENISH`, :data:`O
 by its decorator (:func:`register_group_validity`, ...). The policy's field accepts exactly the
 registered names, and the core looks its value up (``ON_CAP[policy.on_cap]``) and calls only the
 base class's methods. Adding a mode is one subclass with the decorator, in one file, imported
-before a policy names it (a mode shipped with the package: here, or imported at the end of this
-module, as :mod:`orchestrator.core.selection` imports :mod:`orchestrator.core.greso`).
+before a policy names it (a mode shipped with the package is defined here; a selection mode has
+its own file, imported by :mod:`orchestrator.core.selections`).
 
 A mode is registered as one instance (modes hold no state; they read and change the core they
 are given, as the core's parts do).

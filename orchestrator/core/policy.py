@@ -198,7 +198,7 @@ class ResamplingPolicy(BaseModel):
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
     selection: str = Field(
         "epoch",
-        description="How tasks are chosen, a name in the selection registry (orchestrator.core.selection.SELECTIONS): "
+        description="How tasks are chosen, a name in the selection registry (orchestrator.core.selection.SELECTIONS, looked up by orchestrator.core.selections): "
         "'epoch' walks a seeded permutation per epoch (minus skip-rule cooldowns); 'informative' draws tasks by "
         "their predicted chance of an informative group (per-task Beta pass-rate posterior), with exploration and "
         "a revisit bound, and sizes each round from the predicted keep rate of the tasks drawn; 'greso' is the "
@@ -279,7 +279,7 @@ class ResamplingPolicy(BaseModel):
                 f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size}) "
                 "when group_validity or stale_members is 'mask' (the only settings that use it)"
             )
-        from orchestrator.core.selection import selection_class
+        from orchestrator.core.selections import selection_class
 
         selection_class(self.selection)  # refuses an unknown mode, naming the registered ones
         if self.screen_rollouts and not 1 <= self.screen_rollouts < self.group_size:

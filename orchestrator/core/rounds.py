@@ -18,7 +18,8 @@ import numpy as np
 from orchestrator.core.errors import short_repr
 from orchestrator.core.modes import REPLENISH
 from orchestrator.core.passrate import informative_after_unanimous_screen
-from orchestrator.core.selection import SelectionContext, TaskSelection, make_selection
+from orchestrator.core.selection import SelectionContext, TaskSelection
+from orchestrator.core.selections import make_selection
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
 

@@ -4,8 +4,9 @@ A small extension point (a base class with ``state_dict`` / ``load_state_dict`` 
 ``metrics``, as prime-rl's curriculum buffers and Trinity's ``BaseSelector``) behind one
 registry (:data:`SELECTIONS`, filled by :func:`register_selection`), chosen by name in the
 resampling policy's ``selection`` field. Adding a mode is one class with the decorator (see
-:mod:`orchestrator.core.greso` for one in its own file); the orchestrator only calls the base
-class's methods. The modes here:
+:mod:`orchestrator.core.greso` for one in its own file), imported by
+:mod:`orchestrator.core.selections`, which looks modes up by name; the orchestrator only calls
+the base class's methods. The modes here:
 
 * ``epoch`` - each epoch a seeded permutation of the task set, tasks in a skip-rule cooldown
   left out (the orchestrator's original order).
@@ -62,24 +63,6 @@ def register_selection(cls: type) -> type:
         raise ValueError(f"selection {cls.name!r} is already registered ({SELECTIONS[cls.name].__qualname__})")
     SELECTIONS[cls.name] = cls
     return cls
-
-
-def selection_class(name: str) -> type[TaskSelection]:
-    """The registered class of mode ``name``.
-
-    Raises:
-        ValueError: unknown name (the known ones are listed).
-    """
-    if name not in SELECTIONS:
-        raise ValueError(f"selection: unknown mode {name!r}; registered: {sorted(SELECTIONS)}")
-    return SELECTIONS[name]
-
-
-def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
-    """A new selection of mode ``name``, configured from ``policy`` (:func:`selection_class` refuses an unknown one)."""
-    sel = selection_class(name)(num_tasks, seed)
-    sel.configure(policy)
-    return sel
 
 
 def mode_options(policy, name: str, defaults: dict[str, float]) -> dict[str, float]:
@@ -360,7 +343,3 @@ class InformativeSelection(TaskSelection):
 
 
 register_selection(InformativeSelection)
-
-
-from orchestrator.core import greso as _greso  # noqa: E402,F401  (registers 'greso'; it subclasses EpochSelection)
-from orchestrator.core import skip as _skip  # noqa: E402,F401  (registers 'predicted_skip')

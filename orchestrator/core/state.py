@@ -18,7 +18,7 @@ import numpy as np
 
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rows import GroupRows
-from orchestrator.core.selection import make_selection
+from orchestrator.core.selections import make_selection
 from orchestrator.core.types import Experience, ExperienceId, Group
 
 

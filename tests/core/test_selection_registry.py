@@ -10,9 +10,9 @@ from orchestrator.core.selection import (
     SELECTIONS,
     SelectionContext,
     TaskSelection,
-    make_selection,
     register_selection,
 )
+from orchestrator.core.selections import make_selection
 from orchestrator.core.types import Experience, ExperienceId, Group
 
 TASKS = [f"t{i}" for i in range(4)]
