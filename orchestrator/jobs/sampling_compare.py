@@ -56,6 +56,12 @@ TARGET_GAIN = 0.05
 """The target, fixed before the runs: held-out accuracy (avg@4) 5 points above the warm-started
 policy's (the step-0 evaluation, the same for every arm of a seed: same weights, same sampling
 seeds). The table reports its first crossing."""
+REPORT_GAINS = (0.03, 0.05, 0.07)
+"""Every gain whose first crossing is also reported (rollouts and loop seconds, paired with
+``epoch`` by seed), fixed before the runs: :data:`TARGET_GAIN`, one nearer the start, and one
+nearer the end of ``epoch``'s learning (its final gain averaged +7.7 points over the 5 seeds of
+the run before these gains were added), which falls later in training, where tasks have
+histories a skip can use."""
 WARM_STEPS = 250
 """Supervised warm-start steps (family-balanced). Measured on seed 0 (``--spread``, 16 rollouts
 per task): see ``spread.json`` of a comparison and docs/sampling.md."""
@@ -206,12 +212,17 @@ def run_summary(s: dict, gain: float) -> dict:
     and where the crossing falls: passes over the training tasks, trainer steps, informative
     groups classified up to it (their rollouts are what a skip knowing every outcome in advance
     would have spent), distinct tasks trained on up to it and in the run."""
-    target = s["start_heldout_acc"] + gain
-    hit = next((e for e in s["evals"] if e["heldout_acc"] >= target - 1e-9), None)
+    def crossing(g: float) -> dict | None:
+        return next((e for e in s["evals"] if e["heldout_acc"] >= s["start_heldout_acc"] + g - 1e-9), None)
+
+    hit = crossing(gain)
     loop = [x.get("rollout_seconds", 0.0) + x.get("train_seconds", 0.0) + x.get("sync_seconds", 0.0) + x.get("verify_seconds", 0.0)
             for x in s.get("steps", [])]
     cfg = s.get("config", {})
     n = cfg.get("policy", {}).get("group_size", 8)
+    by_gain = {f"{g:.2f}": {"to_target_rollouts": h["rollouts"] if h else None,
+                            "to_target_seconds": float(sum(loop[: h["step"]])) if h else None}
+               for g in REPORT_GAINS for h in [crossing(g)]}
     before = s.get("steps", [])[: hit["step"]] if hit else []
     informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {
@@ -237,6 +248,8 @@ def run_summary(s: dict, gain: float) -> dict:
         "trained_token_share": s.get("trained_token_share"), "useful_token_share": s.get("useful_token_share"),
         "wall_seconds": s["wall_seconds"], "eval_seconds": s.get("eval_seconds"),
         "curve": [(e["rollouts"], e["heldout_acc"]) for e in s["evals"]],
+        # the first crossing of every gain of REPORT_GAINS
+        "by_gain": by_gain,
     }
 
 
@@ -321,6 +334,19 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
             pr = r["paired_x_epoch"]
             seeds = ", ".join("-" if x is None else f"{x:.2f}" for x in pr["to_target_rollouts"]["per_seed"]) if pr["to_target_rollouts"] else "-"
             lines.append(f"| {r['arm']} | {p(pr['to_target_rollouts'])} | {p(pr['to_target_seconds'])} | {seeds} |")
+        gains = sorted({g for runs in results.values() for r in runs for g in r.get("by_gain", {})})
+        if gains:
+            lines += ["", "Rollouts to each reported gain, paired with `epoch` by seed as above (seeds reaching it: the "
+                      "arm's / `epoch`'s):", "",
+                      "| arm | " + " | ".join(f"+{100 * float(g):.0f} points" for g in gains) + " |", "|---|" + "---|" * len(gains)]
+            for arm, runs in results.items():
+                cells = []
+                for g in gains:
+                    mine = [r.get("by_gain", {}).get(g, {}) for r in runs]
+                    theirs = [r.get("by_gain", {}).get(g, {}) for r in results["epoch"]]
+                    reached = f"{sum(x.get('to_target_rollouts') is not None for x in mine)}/{sum(x.get('to_target_rollouts') is not None for x in theirs)}"
+                    cells.append(f"{p(paired_ratio(mine, theirs))}, {reached}")
+                lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return rows, "\n".join(lines) + "\n"
 
 

@@ -114,6 +114,24 @@ def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
     assert "| a | 1/1 | 0 ± 0 | - | 0.0 ± 0.0 | - |" in md
 
 
+def test_summary_reads_the_first_crossing_of_every_reported_gain():
+    # start 0.3: +4 points at step 2, +6 at step 5, +8 at step 9; every step 1 s of loop time
+    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3}, {"step": 2, "rollouts": 200, "heldout_acc": 0.34},
+             {"step": 5, "rollouts": 500, "heldout_acc": 0.36}, {"step": 9, "rollouts": 900, "heldout_acc": 0.38}]
+    steps = [{"step": i + 1, "rollout_seconds": 1.0} for i in range(9)]
+    s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.38, "rollouts": 900,
+         "rollouts_per_emitted_group": 10.0, "wall_seconds": 9.0}
+    r = run_summary(s, 0.05)
+    assert r["by_gain"] == {"0.03": {"to_target_rollouts": 200, "to_target_seconds": 2.0},
+                            "0.05": {"to_target_rollouts": 500, "to_target_seconds": 5.0},
+                            "0.07": {"to_target_rollouts": 900, "to_target_seconds": 9.0}}
+    # an arm at half epoch's rollouts to +3 and +5 that never gains 7 points
+    other = {**r, "by_gain": {"0.03": {"to_target_rollouts": 100}, "0.05": {"to_target_rollouts": 250},
+                              "0.07": {"to_target_rollouts": None}}}
+    _, md = table({"epoch": [r], "a": [other]}, 0.05)
+    assert "| a | 0.50x [0.50, 0.50] (1), 1/1 | 0.50x [0.50, 0.50] (1), 1/1 | -, 0/1 |" in md
+
+
 def test_paired_ratio_pairs_seeds_and_bounds_by_the_extreme_seeds():
     # seed 2 did not reach the target in the arm: it is left out of both means
     arm = [{"k": 500}, {"k": 900}, {"k": None}]
