@@ -243,7 +243,7 @@ def run_summary(s: dict, gain: float) -> dict:
         "to_target_seconds": float(sum(loop[: hit["step"]])) if hit else None,
         # the same from the run's start (warm-start load, engine load, step-0 evaluation included)
         "to_target_wall_seconds": (hit.get("train_wall_seconds", 0.0) if hit["step"] else 0.0) if hit else None,
-        "start": s["start_heldout_acc"], "final": s["end_heldout_acc"],
+        "seed": cfg.get("seed"), "start": s["start_heldout_acc"], "final": s["end_heldout_acc"],
         "rollouts": s["rollouts"], "rollouts_per_emitted_group": s["rollouts_per_emitted_group"],
         "trained_token_share": s.get("trained_token_share"), "useful_token_share": s.get("useful_token_share"),
         "wall_seconds": s["wall_seconds"], "eval_seconds": s.get("eval_seconds"),
@@ -255,7 +255,8 @@ def run_summary(s: dict, gain: float) -> dict:
 
 def paired_ratio(runs: list[dict], base: list[dict], key: str = "to_target_rollouts", *, resamples: int = 10_000,
                  seed: int = 0) -> dict | None:
-    """An arm's ``key`` over ``base``'s, paired by seed: over the seeds where both have a value,
+    """An arm's ``key`` over ``base``'s, paired by seed (a run's ``seed``, else its position):
+    over the seeds where both have a value,
     the ratio of the means, every seed's own ratio, and a 95 % percentile bootstrap interval of the
     ratio of the means (seeds resampled with replacement, the same seeds for both arms; Efron and
     Tibshirani 1993, ch. 13). With 5 seeds the interval says whether a ratio is told apart from 1
@@ -264,7 +265,11 @@ def paired_ratio(runs: list[dict], base: list[dict], key: str = "to_target_rollo
     Returns:
         ``{"ratio", "low", "high", "per_seed": [ratio or None per seed], "n"}``; None with no common seed.
     """
-    pairs = [(r.get(key), b.get(key)) for r, b in zip(runs, base)]
+    def by_seed(rs: list[dict]) -> dict:
+        return {i if r.get("seed") is None else r["seed"]: r.get(key) for i, r in enumerate(rs)}
+
+    mine, theirs = by_seed(runs), by_seed(base)
+    pairs = [(mine.get(sd), theirs.get(sd)) for sd in sorted(set(mine) | set(theirs))]
     both = np.array([(x, y) for x, y in pairs if x is not None and y is not None and y > 0], dtype=float).reshape(-1, 2)
     if len(both) == 0:
         return None
@@ -342,8 +347,8 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
             for arm, runs in results.items():
                 cells = []
                 for g in gains:
-                    mine = [r.get("by_gain", {}).get(g, {}) for r in runs]
-                    theirs = [r.get("by_gain", {}).get(g, {}) for r in results["epoch"]]
+                    mine = [{"seed": r.get("seed"), **r.get("by_gain", {}).get(g, {})} for r in runs]
+                    theirs = [{"seed": r.get("seed"), **r.get("by_gain", {}).get(g, {})} for r in results["epoch"]]
                     reached = f"{sum(x.get('to_target_rollouts') is not None for x in mine)}/{sum(x.get('to_target_rollouts') is not None for x in theirs)}"
                     cells.append(f"{p(paired_ratio(mine, theirs))}, {reached}")
                 lines.append(f"| {arm} | " + " | ".join(cells) + " |")

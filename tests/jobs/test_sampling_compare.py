@@ -142,6 +142,14 @@ def test_paired_ratio_pairs_seeds_and_bounds_by_the_extreme_seeds():
     assert (r["low"], r["high"]) == (pytest.approx(0.5), pytest.approx(0.9))
 
 
+def test_paired_ratio_pairs_by_the_runs_seeds_when_a_run_is_missing():
+    # the arm's seed-1 run failed: its runs are seeds 0 and 2, epoch's 0, 1 and 2
+    arm = [{"seed": 0, "k": 500}, {"seed": 2, "k": 400}]
+    base = [{"seed": 0, "k": 1000}, {"seed": 1, "k": 300}, {"seed": 2, "k": 800}]
+    r = paired_ratio(arm, base, "k")
+    assert (r["ratio"], r["per_seed"]) == (pytest.approx(900 / 1800), [0.5, None, 0.5])
+
+
 def test_paired_ratio_without_a_common_seed_is_none():
     assert paired_ratio([{"k": None}], [{"k": 100}], "k") is None
 
@@ -150,6 +158,7 @@ def test_the_paired_table_gives_the_interval_and_each_seed():
     runs = [{"to_target_rollouts": x, "to_target_seconds": 1.0, "final": 0.5, "start": 0.3, "rollouts_per_emitted_group": 8.0}
             for x in (1000, 1000)]
     _, md = table({"epoch": runs, "a": [{**runs[0], "to_target_rollouts": 500}, {**runs[1], "to_target_rollouts": 900}]}, 0.1)
+    # runs without a seed (no config) are paired by position
     assert "| a | 0.70x [0.50, 0.90] (2) | 1.00x [1.00, 1.00] (2) | 0.50, 0.90 |" in md
 
 
