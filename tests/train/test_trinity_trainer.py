@@ -78,3 +78,13 @@ def test_a_batch_of_the_wrong_size_is_refused(model_dir):
     trainer = TrinityBatchTrainer(PolicyTrainer(model_dir, TrainerConfig(mini_batches=1)), TrinityStepConfig(train_batch_size=8))
     with pytest.raises(ValueError, match="6 experiences, train_batch_size is 8"):
         trainer.train(batch())
+
+
+def test_a_batch_of_padding_only_leaves_the_weights_as_they_were(model_dir):
+    # an orchestrator releases such a batch when its replenish rounds found no informative group
+    policy = PolicyTrainer(model_dir, TrainerConfig(mini_batches=1))
+    trainer = TrinityBatchTrainer(policy, TrinityStepConfig(train_batch_size=2))
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    metrics = trainer.train(batch()[4:])
+    assert (metrics["padding_groups"], metrics["tokens"]) == (1, 0.0)
+    assert all(torch.equal(a, p) for a, p in zip(before, policy.model.parameters()))
