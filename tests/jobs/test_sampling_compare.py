@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
-from orchestrator.jobs.sampling_compare import (ARMS, arm_config, paired_ratio, pass_costs, pass_costs_table, run_comparison,
-                                                run_summary, table)
+from orchestrator.jobs.sampling_compare import (
+    ARMS,
+    arm_config,
+    paired_ratio,
+    pass_costs,
+    pass_costs_table,
+    run_comparison,
+    run_summary,
+    table,
+)
 from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedTasks
 from orchestrator.train.tiny import mixed_tasks
 
