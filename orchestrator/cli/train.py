@@ -212,6 +212,8 @@ def register(app: typer.Typer) -> None:
     @app.command("compare-sampling")
     def compare_sampling(
         seeds: int = typer.Option(5, min=1, help="Seeds per arm."),
+        first_seed: int = typer.Option(0, min=0, help="The first seed (seeds first-seed .. first-seed + seeds - 1): "
+                                       "another range checks a finding on seeds it was not read from."),
         budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the comparison's)."),
         out: Path = typer.Option(Path("runs/sampling-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
         arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all)."),
@@ -232,7 +234,8 @@ def register(app: typer.Typer) -> None:
             console.print(json.dumps(measure_spread(base_config(out / "spread")), indent=1))
             return
         chosen = _arms(arms, ARMS)
-        result = run_comparison(out, seeds=seeds, budget=budget, arms=chosen, log=lambda m: console.print(escape(m), soft_wrap=True))
+        result = run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, arms=chosen,
+                                log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])
         console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")
 

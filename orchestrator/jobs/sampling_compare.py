@@ -377,7 +377,7 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
     per_seed = ["", "Per seed (rollouts to target; loop seconds to target; final held-out accuracy):", ""]
     for r in rows:
         per_seed.append(f"- {r['arm']}: " + ", ".join(
-            f"s{i}: {x['to_target_rollouts'] if x['to_target_rollouts'] is not None else '-'}; "
+            f"s{i if x.get('seed') is None else x['seed']}: {x['to_target_rollouts'] if x['to_target_rollouts'] is not None else '-'}; "
             f"{format(x['to_target_seconds'], '.1f') if x['to_target_seconds'] is not None else '-'}; {x['final']:.3f}"
             for i, x in enumerate(r["per_seed"])))
     md = md + "\n".join(per_seed) + "\n"
@@ -410,12 +410,15 @@ def rebuild(out: Path, gain: float = TARGET_GAIN) -> str:
 
 
 def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms: list[str] | None = None,
-                   gain: float = TARGET_GAIN, spread: bool = True, log: Callable[[str], None] | None = None) -> dict:
-    """Every arm x seed, seed-major (all arms of seed 0 first, so a partial run compares like with
-    like), one vLLM engine for all runs (each run loads its own warm start into it); the outputs
-    are rewritten after every run. With ``spread``, the task set's difficulty spread on seed 0's
-    warm-started policy is measured first (``spread.json``), and every seed's :func:`pass_costs`
-    before its runs (``comparison.json``'s ``pass_costs``, a table in ``comparison.md``).
+                   gain: float = TARGET_GAIN, spread: bool = True, first_seed: int = 0,
+                   log: Callable[[str], None] | None = None) -> dict:
+    """Every arm x seed (seeds ``first_seed`` .. ``first_seed + seeds - 1``; another range than the
+    default 0-4 checks a finding on seeds it was not read from), seed-major (all arms of the first
+    seed first, so a partial run compares like with like), one vLLM engine for all runs (each run
+    loads its own warm start into it); the outputs are rewritten after every run. With ``spread``,
+    the task set's difficulty spread on the first seed's warm-started policy is measured first
+    (``spread.json``), and every seed's :func:`pass_costs` before its runs (``comparison.json``'s
+    ``pass_costs``, a table in ``comparison.md``).
 
     Returns:
         ``{"rows": [...], "markdown": str}``.
@@ -430,22 +433,23 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
     chosen = arms or list(ARMS)
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
-    first = arm_config(chosen[0], 0, out, budget)
-    ensure_policy(_policy_dir(first), task_sets(first)[2], seed=0, warm_steps=first.warm_steps, hidden=first.hidden, layers=first.layers)
+    first = arm_config(chosen[0], first_seed, out, budget)
+    ensure_policy(_policy_dir(first), task_sets(first)[2], seed=first_seed, warm_steps=first.warm_steps, hidden=first.hidden,
+                  layers=first.layers)
     engine = start_engine(_policy_dir(first), 0)
     results: dict[str, list[dict]] = {a: [] for a in chosen}
     started = time.monotonic()
     md = ""
-    extra: dict = {"budget": first.rollout_budget, "seeds": seeds, "arms": chosen}
+    extra: dict = {"budget": first.rollout_budget, "seeds": seeds, "first_seed": first_seed, "arms": chosen}
     try:
         if spread:
-            extra["spread"] = measure_spread(base_config(out / "spread", 0, budget), engine=engine)
+            extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget), engine=engine)
             (out / "spread.json").write_text(json.dumps(extra["spread"], indent=1))
             say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             if spread:
                 cfg = base_config(out / "spread", seed, budget)
-                costs = extra["spread"]["train"]["pass_costs"] if seed == 0 else measure_spread(cfg, engine=engine)["train"]["pass_costs"]
+                costs = extra["spread"]["train"]["pass_costs"] if seed == first_seed else measure_spread(cfg, engine=engine)["train"]["pass_costs"]
                 extra.setdefault("pass_costs", {})[str(seed)] = costs
                 say(f"seed {seed}, one pass: " + ", ".join(f"{r} {v['rollouts_per_informative']:.1f} ({v['x_full']:.2f}x)" for r, v in costs.items()))
             for arm in chosen:

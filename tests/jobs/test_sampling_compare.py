@@ -197,12 +197,14 @@ def test_trinity_selector_prefers_tasks_near_half_once_it_has_feedback():
 
 @pytest.mark.slow
 def test_two_arm_smoke_writes_the_comparison(tmp_path):
-    out = run_comparison(tmp_path, seeds=1, budget=256, arms=["epoch", "screening"], gain=0.0, spread=False)
+    # seed 1 alone (first_seed): runs, files and the per-seed lines are named by the seed
+    out = run_comparison(tmp_path, seeds=1, first_seed=1, budget=256, arms=["epoch", "screening"], gain=0.0, spread=False)
     data = json.loads((tmp_path / "comparison.json").read_text())
     assert [r["arm"] for r in data["rows"]] == ["epoch", "screening"]
     assert all(r["reached"] == 1 for r in data["rows"])  # gain 0: reached at the start
     assert (tmp_path / "comparison.png").stat().st_size > 0 and "| epoch |" in out["markdown"]
-    screening = json.loads((tmp_path / "screening-s0" / "train.json").read_text())
+    assert "- epoch: s1: 0;" in out["markdown"] and data["rows"][0]["per_seed"][0]["seed"] == 1
+    screening = json.loads((tmp_path / "screening-s1" / "train.json").read_text())
     assert screening["stats"]["screens"] > 0
 
 
