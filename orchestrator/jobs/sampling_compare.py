@@ -344,13 +344,16 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
             lines += ["", "Rollouts to each reported gain, paired with `epoch` by seed as above (seeds reaching it: the "
                       "arm's / `epoch`'s):", "",
                       "| arm | " + " | ".join(f"+{100 * float(g):.0f} points" for g in gains) + " |", "|---|" + "---|" * len(gains)]
+            def at(runs: list[dict], g: str) -> list[dict]:  # each run's crossing of gain g, with its seed
+                return [{"seed": r.get("seed"), **r.get("by_gain", {}).get(g, {})} for r in runs]
+
+            def reached(xs: list[dict]) -> int:
+                return sum(x.get("to_target_rollouts") is not None for x in xs)
+
+            epoch_at = {g: at(results["epoch"], g) for g in gains}
             for arm, runs in results.items():
-                cells = []
-                for g in gains:
-                    mine = [{"seed": r.get("seed"), **r.get("by_gain", {}).get(g, {})} for r in runs]
-                    theirs = [{"seed": r.get("seed"), **r.get("by_gain", {}).get(g, {})} for r in results["epoch"]]
-                    reached = f"{sum(x.get('to_target_rollouts') is not None for x in mine)}/{sum(x.get('to_target_rollouts') is not None for x in theirs)}"
-                    cells.append(f"{p(paired_ratio(mine, theirs))}, {reached}")
+                cells = [f"{p(paired_ratio(mine, epoch_at[g]))}, {reached(mine)}/{reached(epoch_at[g])}"
+                         for g in gains for mine in [at(runs, g)]]
                 lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return rows, "\n".join(lines) + "\n"
 
