@@ -17,7 +17,7 @@ import numpy as np
 
 from orchestrator.core.errors import short_repr
 from orchestrator.core.modes import REPLENISH
-from orchestrator.core.passrate import informative_after_unanimous_screen
+from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
 from orchestrator.core.types import Purpose, UnknownTaskError
@@ -42,6 +42,21 @@ class RoundPlan:
     purpose: Purpose
     round: int
     batch_id: int
+
+
+@dataclass
+class ScreenPlan:
+    """How a round's tasks are screened (:meth:`Rounds.screen_plan`), each (k,) bool over its tasks.
+
+    Attributes:
+        screen: roll ``policy.screen_rollouts`` first, complete the group only when they differ.
+        go_if_correct: complete the screen all the same when its rollouts all come out correct.
+        go_if_wrong: the same when they all come out wrong.
+    """
+
+    screen: np.ndarray
+    go_if_correct: np.ndarray
+    go_if_wrong: np.ndarray
 
 
 class Rounds:
@@ -201,28 +216,27 @@ class Rounds:
         self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
 
-    def screen_mask(self, task_ids: list[str]) -> np.ndarray:
-        """(k,) bool: which of a round's tasks to screen first (``policy.screen_rollouts > 0`` and the
-        task's predicted chance of an informative group below ``policy.screen_skip_above``); see
-        :mod:`orchestrator.rollout.screening`."""
-        if not self.policy.screen_rollouts or not task_ids:
-            return np.zeros(len(task_ids), dtype=bool)
-        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
-        return self.predicted_informative()[idx] < self.policy.screen_skip_above
+    def screen_plan(self, task_ids: list[str]) -> ScreenPlan:
+        """Which of a round's tasks to screen first, and which unanimous screens to complete, from
+        one posterior (:mod:`orchestrator.rollout.screening`).
 
-    def screen_continue(self, task_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """((k,) bool, (k,) bool): complete a round task's screen when its rollouts all come out
-        correct / all wrong: the chance that the completed group is informative, from the task's
-        posterior (:func:`~orchestrator.core.passrate.informative_after_unanimous_screen`), is at
-        least ``policy.screen_continue_above``. All False at its default 1 (SPEED-RL's rule)."""
+        A task is screened when ``policy.screen_rollouts > 0`` and its predicted chance of an
+        informative group is below ``policy.screen_skip_above``. Its screen is completed when its
+        rollouts all come out correct (all wrong) and the chance that the completed group is
+        informative, from the task's posterior
+        (:func:`~orchestrator.core.passrate.informative_after_unanimous_screen`), is at least
+        ``policy.screen_continue_above``: never at its default 1 (SPEED-RL's rule)."""
         p = self.policy
         none = np.zeros(len(task_ids), dtype=bool)
-        if not p.screen_rollouts or not task_ids or p.screen_continue_above >= 1.0:
-            return none, none.copy()
+        if not p.screen_rollouts or not task_ids:
+            return ScreenPlan(none, none.copy(), none.copy())
         idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
-        alpha, beta = self.passrate.posterior(self.model_version, p.group_size)
-        after_correct, after_wrong = informative_after_unanimous_screen(alpha[idx], beta[idx], p.group_size, p.screen_rollouts)
-        return after_correct >= p.screen_continue_above, after_wrong >= p.screen_continue_above
+        alpha, beta = (x[idx] for x in self.passrate.posterior(self.model_version, p.group_size))
+        screen = informativeness(alpha, beta, p.group_size) < p.screen_skip_above
+        if p.screen_continue_above >= 1.0:
+            return ScreenPlan(screen, none, none.copy())
+        after_correct, after_wrong = informative_after_unanimous_screen(alpha, beta, p.group_size, p.screen_rollouts)
+        return ScreenPlan(screen, after_correct >= p.screen_continue_above, after_wrong >= p.screen_continue_above)
 
     def record_screens(self, screened: int, task_ids: list[str], correct: np.ndarray, trials: np.ndarray) -> None:
         """Count a round's screens and take the evidence of those that stopped (all rollouts equal,

@@ -15,12 +15,12 @@ Arms (changes to :class:`~orchestrator.jobs.dapo_train.DapoTrainConfig`):
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
+from orchestrator.jobs.results import write_json
 
 ABLATION_BUDGET = 4_000
 """Rollouts per arm and seed by default: 6 arms x 3 seeds, sized for about 9 minutes on 2 idle
@@ -89,6 +89,6 @@ def run_ablation(out: Path, *, seeds: int = 3, budget: int | None = None, arms: 
                      f"{r['min']:.3f} .. {r['max']:.3f} | {r['rollouts']:.0f} | {r['wall_seconds']:.0f} |")
     markdown = "\n".join(lines) + f"\n\n{seeds} seeds per arm; held-out accuracy is avg@k at temperature 1.\n"
     (out / "ablation.md").write_text(markdown)
-    (out / "ablation.json").write_text(json.dumps({"rows": rows, "curves": curves}, indent=1))
+    write_json(out / "ablation.json", {"rows": rows, "curves": curves})
     plot_ablation(curves, out / "ablation.png")
     return {"rows": rows, "markdown": markdown}

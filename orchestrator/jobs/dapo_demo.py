@@ -10,7 +10,6 @@ informative groups, replenishes until each batch is full and writes the batches 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Literal
@@ -19,6 +18,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
+from orchestrator.jobs.results import write_json
 from orchestrator.service.actor import get_or_create_orchestrator
 from orchestrator.service.sink import SQLiteSink
 
@@ -113,5 +113,5 @@ def run_dapo_demo(cfg: DemoConfig, progress=None) -> dict:
         "stats": stats,
         "buffer": str(cfg.out_dir / "buffer.db"),
     }
-    (cfg.out_dir / "demo.json").write_text(json.dumps(summary, indent=2))
+    write_json(cfg.out_dir / "demo.json", summary, indent=2)
     return summary

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from algos.dapo import GroupReason, classify_groups
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
 from orchestrator.core.types import Batch
+from orchestrator.jobs.results import write_json
 from orchestrator.train.trainer import TrainerConfig, has_trainable
 
 
@@ -335,9 +336,9 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         "evals": evals,
         "steps": steps,
     }
-    (cfg.out_dir / "train.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(cfg.out_dir / "train.json", summary)
     from orchestrator.jobs.plots import plot_training
 
     summary["plots"] = [str(p) for p in plot_training(summary, cfg.out_dir)]
-    (cfg.out_dir / "train.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(cfg.out_dir / "train.json", summary)
     return summary

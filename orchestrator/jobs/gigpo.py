@@ -25,7 +25,6 @@ index's own Ray actor), and the batch is dropped through the actor (``anchor_dro
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import time
@@ -47,6 +46,7 @@ from orchestrator.core.types import Experience, Task
 from orchestrator.envs import frozenlake, sokoban
 from orchestrator.envs.lockstep import Act
 from orchestrator.envs.policies import engine_act, random_act
+from orchestrator.jobs.results import write_json
 
 if TYPE_CHECKING:
     from orchestrator.anchors.remote import RemoteAnchorIndex
@@ -252,7 +252,7 @@ def run_gigpo_job(
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         summary = {k: v for k, v in result.items() if k != "experiences"}
-        (cfg.out_dir / "gigpo.json").write_text(json.dumps(summary, indent=2, default=str))
+        write_json(cfg.out_dir / "gigpo.json", summary, indent=2, default=str)
     return result
 
 

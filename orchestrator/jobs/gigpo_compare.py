@@ -33,7 +33,6 @@ orchestrator actor and anchor index.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.jobs.gigpo_train import GiGPOTrainConfig, prepare_policy, run_gigpo_training, start_policy_engine
+from orchestrator.jobs.results import write_json
 
 ARMS: dict[str, dict] = {
     "gigpo": {},
@@ -270,7 +270,7 @@ def run_comparison(out: Path, *, seeds: int | None = None, budget: int | None = 
     markdown += f"\nWall time of the whole comparison (shared engine start, warm starts, every run): {wall:.0f} s.\n"
     (out / "comparison.md").write_text(markdown)
     sep = separation(rows)
-    (out / "comparison.json").write_text(json.dumps({"setting": setting, "budget": budget, "seeds": seeds, "wall_seconds": wall,
-                                                     "rows": rows, "separation": sep}, indent=1, default=float))
+    write_json(out / "comparison.json", {"setting": setting, "budget": budget, "seeds": seeds, "wall_seconds": wall,
+                                         "rows": rows, "separation": sep})
     plot_gigpo_comparison(curves, out / "comparison.png", title=f"{setting}: {seeds} seeds per arm")
     return {"rows": rows, "separation": sep, "markdown": markdown, "wall_seconds": wall}

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from algos.gigpo import GiGPOConfig, gigpo_advantages, multi_step_grpo_advantages
 from orchestrator.core.types import Experience
+from orchestrator.jobs.results import write_json
 from orchestrator.train.trainer import TrainerConfig
 
 __all__ = ["GiGPOTrainConfig", "prepare_policy", "run_gigpo_training", "start_policy_engine", "step_summary"]
@@ -329,9 +330,9 @@ def run_gigpo_training(cfg: GiGPOTrainConfig, progress: Callable[[dict], None] |
         "evals": evals,
         "steps": steps,
     }
-    (cfg.out_dir / "gigpo_train.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(cfg.out_dir / "gigpo_train.json", summary)
     from orchestrator.jobs.plots import plot_gigpo_training
 
     summary["plots"] = [str(p) for p in plot_gigpo_training(summary, cfg.out_dir)]
-    (cfg.out_dir / "gigpo_train.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(cfg.out_dir / "gigpo_train.json", summary)
     return summary

@@ -38,6 +38,7 @@ import numpy as np
 
 from algos.dapo import classify_groups
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
+from orchestrator.jobs.results import write_json
 
 FAMILIES = {"copy3": 1, "max2": 2, "add3": 1}
 """The task mix: a quarter ``copy3`` (copy a 3-digit number: mostly solved after the warm start),
@@ -385,9 +386,8 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
             for i, x in enumerate(r["per_seed"])))
     md = md + "\n".join(per_seed) + "\n"
     (out / "comparison.md").write_text(md)
-    (out / "comparison.json").write_text(json.dumps({"target_gain": gain, **extra, "rows": rows,
-                                                     "curves": {a: [r["curve"] for r in runs] for a, runs in results.items()}},
-                                                    indent=1))
+    write_json(out / "comparison.json", {"target_gain": gain, **extra, "rows": rows,
+                                         "curves": {a: [r["curve"] for r in runs] for a, runs in results.items()}})
     # gain over each run's own step-0 accuracy: the seeds' warm starts differ by up to 11 points,
     # which would hide the arms' differences in the spread
     gains = {a: [[(x, y - r["curve"][0][1]) for x, y in r["curve"]] for r in runs] for a, runs in results.items()}
@@ -447,7 +447,7 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
     try:
         if spread:
             extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget), engine=engine)
-            (out / "spread.json").write_text(json.dumps(extra["spread"], indent=1))
+            write_json(out / "spread.json", extra["spread"])
             say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
         for seed in range(first_seed, first_seed + seeds):
             if spread:

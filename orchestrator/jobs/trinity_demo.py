@@ -40,6 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.jobs.dapo_train import DapoTrainConfig, _evaluate, _policy_dir, _train_policy
+from orchestrator.jobs.results import write_json
 from orchestrator.train.trainer import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,9 +311,9 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
     ray.kill(actor)
     ray.kill(engine)
     summary = _summary(cfg, config, started, evals, steps, stats, sync, twice, train_batch_size, urls, state)
-    (out / "trinity_demo.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(out / "trinity_demo.json", summary)
     summary["plots"] = [str(p) for p in plot_trinity_demo(summary, out)]
-    (out / "trinity_demo.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(out / "trinity_demo.json", summary)
     return summary
 
 

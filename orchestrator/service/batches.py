@@ -82,8 +82,7 @@ class BatchHandOut:
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
-                    screen = self.core.screen_mask(plan.task_ids)
-                    go = self.core.screen_continue(plan.task_ids)
+                    screening = self.core.screen_plan(plan.task_ids)
                 if out is not None:
                     self._remember(call_id, [out])
                 mine = self.commits.pending
@@ -97,7 +96,7 @@ class BatchHandOut:
                 continue
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
-            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screen, go)
+            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screening)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:

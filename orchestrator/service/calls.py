@@ -106,11 +106,15 @@ class ActorCalls:
             return True
         return False
 
-    def _resolve(self) -> Any | None:
+    def _send(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """One attempt: the ``ObjectRef`` of ``actor.<method>.remote(*args, **kwargs)``, on the
+        handle looked up again after a failure. Raises ``ActorUnavailableError`` while the name is
+        not registered (an actor being created anew), which the caller retries."""
         try:
-            return self.handle
-        except ValueError:  # the name is not registered (an actor being created anew): try again
-            return None
+            handle = self.handle
+        except ValueError:
+            raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)", None) from None
+        return getattr(handle, method).remote(*args, **kwargs)
 
     def call(self, method: str, *args: Any, wait_s: float | None = None, **kwargs: Any) -> Any:
         """``ray.get(actor.<method>.remote(*args, **kwargs))``, re-sent while the actor restarts.
@@ -125,11 +129,8 @@ class ActorCalls:
         started, attempt = time.monotonic(), 0
         retry = self._check(method, kwargs)
         while True:
-            handle = self._resolve()
             try:
-                if handle is None:
-                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)", None)
-                return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=wait_s)
+                return ray.get(self._send(method, args, kwargs), timeout=wait_s)
             except RETRIED as err:
                 time.sleep(self._failed(method, err, started, attempt, retry))
                 attempt += 1
@@ -140,11 +141,8 @@ class ActorCalls:
         started, attempt = time.monotonic(), 0
         retry = self._check(method, kwargs)
         while True:
-            handle = self._resolve()
             try:
-                if handle is None:
-                    raise rex.ActorUnavailableError(f"orchestrator {self.name!r} not registered (being created?)", None)
-                ref = getattr(handle, method).remote(*args, **kwargs)
+                ref = self._send(method, args, kwargs)
                 return await (asyncio.wait_for(ref, wait_s) if wait_s is not None else ref)
             except RETRIED as err:
                 await asyncio.sleep(self._failed(method, err, started, attempt, retry))

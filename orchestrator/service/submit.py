@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from algos.dapo import InvalidGroupError
+from orchestrator.core.rounds import ScreenPlan
 from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Group, GroupTable, group_key
 from orchestrator.rollout.screening import screened_generate
@@ -41,20 +42,18 @@ class Submission:
     ``commits``, ``_lock``, ``_seen`` and the other change records, ``_finish``, ``_hand_out``)
     it uses."""
 
-    def _roll(self, tasks: list, version: int, round_tag: str, screen: np.ndarray,
-              go: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[list[Group], Any]:
-        """Roll one planned round through the rollout source (off the lock), with screens for the
-        tasks ``screen`` marks (:mod:`orchestrator.rollout.screening`), completed when all equal
-        where ``go`` (all correct, all wrong) says so. Returns the groups and the screens' result
-        (None without screens), which the caller records under the lock."""
+    def _roll(self, tasks: list, version: int, round_tag: str, screening: ScreenPlan) -> tuple[list[Group], Any]:
+        """Roll one planned round through the rollout source (off the lock), with screens where
+        ``screening`` says (:meth:`~orchestrator.core.rounds.Rounds.screen_plan`,
+        :mod:`orchestrator.rollout.screening`). Returns the groups and the screens' result (None
+        without screens), which the caller records under the lock."""
         p = self.core.policy
-        if not screen.any():
+        if not screening.screen.any():
             return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag), None
         f = p.filter
-        go_correct, go_wrong = go if go is not None else (None, None)
-        res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screen, judge=f.judge,
+        res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screening.screen, judge=f.judge,
                                 correct_threshold=f.correct_threshold, model_version=version, round_tag=round_tag,
-                                go_if_correct=go_correct, go_if_wrong=go_wrong,
+                                go_if_correct=screening.go_if_correct, go_if_wrong=screening.go_if_wrong,
                                 std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
         return res.groups, res
 

@@ -195,6 +195,10 @@ def test_trinity_selector_prefers_tasks_near_half_once_it_has_feedback():
     assert sum(i < 10 for i in picks) >= 7
 
 
+def _refuse(name: str):
+    raise ValueError(f"train.json is not strict JSON: {name}")
+
+
 @pytest.mark.slow
 def test_two_arm_smoke_writes_the_comparison(tmp_path):
     # seed 1 alone (first_seed): runs, files and the per-seed lines are named by the seed
@@ -204,7 +208,7 @@ def test_two_arm_smoke_writes_the_comparison(tmp_path):
     assert all(r["reached"] == 1 for r in data["rows"])  # gain 0: reached at the start
     assert (tmp_path / "comparison.png").stat().st_size > 0 and "| epoch |" in out["markdown"]
     assert "- epoch: s1: 0;" in out["markdown"] and data["rows"][0]["per_seed"][0]["seed"] == 1
-    screening = json.loads((tmp_path / "screening-s1" / "train.json").read_text())
+    screening = json.loads((tmp_path / "screening-s1" / "train.json").read_text(), parse_constant=_refuse)  # strict JSON
     assert screening["stats"]["screens"] > 0
 
 

@@ -56,7 +56,7 @@ def test_core_counts_stopped_screens_and_returns_their_unspent_budget():
                          [f"t{i}" for i in range(10)], seed=0)
     plan = c.plan_round()
     planned = c.counters["rollouts_planned"]
-    assert c.screen_mask(plan.task_ids).all()  # no history: every task is screened
+    assert c.screen_plan(plan.task_ids).screen.all()  # no history: every task is screened
     c.record_screens(len(plan.task_ids), plan.task_ids[:2], np.array([2, 0]), np.array([2, 2]))
     s = c.stats()
     assert (s.screens, s.screens_stopped, s.rollouts_screen_stopped) == (len(plan.task_ids), 2, 4)
@@ -82,7 +82,7 @@ def test_stopped_screens_size_the_next_round():
 def test_a_task_predicted_informative_skips_the_screen():
     c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, screen_rollouts=2, screen_skip_above=0.0),
                          ["a", "b"], seed=0)
-    assert not c.screen_mask(["a", "b"]).any()
+    assert not c.screen_plan(["a", "b"]).screen.any()
 
 
 def test_screening_bias_by_hand():
@@ -122,9 +122,9 @@ def test_a_trinity_run_config_asking_for_screens_is_refused():
 
 def test_screening_can_be_switched_on_by_a_policy_change():
     c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8), ["a", "b"], seed=0)
-    assert not c.screen_mask(["a"]).any()
+    assert not c.screen_plan(["a"]).screen.any()
     c.set_policy(c.policy.updated({"screen_rollouts": 3}))
-    assert c.screen_mask(["a"]).all()
+    assert c.screen_plan(["a"]).screen.all()
 
 
 def test_the_cap_never_releases_an_empty_batch_when_every_screen_stopped():
@@ -166,11 +166,14 @@ def test_the_core_completes_unanimous_screens_only_above_the_policy_threshold():
     # no evidence yet: the prior is Beta(1, 1), so either unanimous screen of 2 of 8 leaves 2/3
     policy = ResamplingPolicy(target_groups=2, group_size=8, screen_rollouts=2)
     c = OrchestratorCore(policy, ["a", "b"], seed=0)
-    assert not np.concatenate(c.screen_continue(["a", "b"])).any()  # default 1: SPEED-RL's rule
+    def go(plan):
+        return np.concatenate([plan.go_if_correct, plan.go_if_wrong])
+
+    assert not go(c.screen_plan(["a", "b"])).any()  # default 1: SPEED-RL's rule
     c.set_policy(policy.updated({"screen_continue_above": 0.6}))
-    assert np.concatenate(c.screen_continue(["a", "b"])).all()
+    assert go(c.screen_plan(["a", "b"])).all()
     c.set_policy(policy.updated({"screen_continue_above": 0.7}))
-    assert not np.concatenate(c.screen_continue(["a", "b"])).any()
+    assert not go(c.screen_plan(["a", "b"])).any()
 
 
 @pytest.mark.parametrize(("continue_above", "rollouts", "stopped"), [(1.0, 2, 1), (0.6, 8, 0)])
