@@ -39,6 +39,7 @@ from orchestrator.anchors.redis_index import RedisAnchorIndex
 from orchestrator.anchors.remote import RemoteAnchorIndex, serve_memory_index
 
 __all__ = [
+    "AnchorBatchExpiredError",
     "AnchorBatchLostError",
     "AnchorIndexConfig",
     "AnchorIndexNotConfiguredError",
@@ -70,6 +71,16 @@ class AnchorIndexNotConfiguredError(RuntimeError):
 class AnchorBatchLostError(AnchorIndexError):
     """A batch key registered before Redis lost its data: refused for good (never restarted from
     a fraction of its runs)."""
+
+
+class AnchorBatchExpiredError(AnchorIndexError):
+    """``anchor_register`` of a batch key that version-based expiry has dropped: refused, since a
+    late worker writing it again would get step advantages over a fraction of its runs."""
+
+
+EXPIRED_KEYS = 100_000
+"""Batch keys remembered as expired by version (refused by ``anchor_register``); the oldest are
+forgotten first."""
 
 
 class AnchorIndexConfig(BaseModel):
@@ -142,6 +153,7 @@ class AnchorLifecycle:
         self._anchor_metrics = metrics
         self._anchor_on_change = on_change if on_change is not None else (lambda: None)
         self._anchor_batches: dict[str, int] = {}  # batch key -> model version it was opened at
+        self._anchor_expired: dict[str, int] = {}  # the same, for keys expired by version (oldest first)
         self._anchor_served_by: tuple[str, str] | None = None  # (name, namespace) of the memory index actor
         self.anchor: AnchorIndex | RemoteAnchorIndex | None = None
         self._anchor_cfg: AnchorIndexConfig | None = None
@@ -172,13 +184,18 @@ class AnchorLifecycle:
         return self.anchor
 
     def _anchor_state_dict(self) -> dict:
-        """``{"anchor_batches": {batch key: model version}}`` (``{}`` without an index):
-        JSON-serialisable, merged into the actor's checkpoint at its top level."""
-        return {"anchor_batches": dict(self._anchor_batches)} if self.anchor is not None else {}
+        """``{"anchor_batches": {batch key: model version}, "anchor_expired": {...}}`` (``{}``
+        without an index): the tracked keys and those expired by version, JSON-serialisable,
+        merged into the actor's checkpoint at its top level."""
+        if self.anchor is None:
+            return {}
+        return {"anchor_batches": dict(self._anchor_batches), "anchor_expired": dict(self._anchor_expired)}
 
     def _anchor_load_state_dict(self, state: dict) -> None:
-        """Restore the tracked batch keys from :meth:`_anchor_state_dict` (a state without them: none)."""
+        """Restore the tracked and expired batch keys from :meth:`_anchor_state_dict` (a state
+        without them, as an older checkpoint: none)."""
         self._anchor_batches = {str(k): int(v) for k, v in state.get("anchor_batches", {}).items()}
+        self._anchor_expired = {str(k): int(v) for k, v in state.get("anchor_expired", {}).items()}
 
     def _anchor_retire(self, batch_key: str) -> int:
         """Drop one batch: observe its final anchor-group sizes, delete it, forget its key."""
@@ -243,8 +260,19 @@ class AnchorLifecycle:
                 current one.
         Returns:
             The version recorded for ``batch_key``.
+        Raises:
+            AnchorBatchExpiredError: ``batch_key`` was expired by version (:meth:`anchor_expire`);
+                its groups need a new batch key. (A key dropped by :meth:`anchor_drop`, or by the
+                TTL alone, may be registered again.)
         """
-        self._anchor_config()
+        cfg = self._anchor_config()
+        if batch_key in self._anchor_expired:
+            raise AnchorBatchExpiredError(
+                f"anchor_register: batch {batch_key!r} was opened at model version {self._anchor_expired[batch_key]} "
+                f"and expired by version (max_age_versions {cfg.max_age_versions}; the model is at version "
+                f"{self._anchor_version()}); a worker writing it again would get step advantages over a fraction "
+                "of its runs: write its groups under a new batch key"
+            )
         if batch_key not in self._anchor_batches:
             self._anchor_batches[batch_key] = int(self._anchor_version() if model_version is None else model_version)
             self._anchor_on_change()
@@ -301,7 +329,11 @@ class AnchorLifecycle:
         cutoff = self._anchor_version() - k
         old = sorted(b for b, v in self._anchor_batches.items() if v < cutoff)
         for b in old:
+            opened = self._anchor_batches[b]
             self._anchor_retire(b)
+            self._anchor_expired[b] = opened
+        for b in list(self._anchor_expired)[: max(0, len(self._anchor_expired) - EXPIRED_KEYS)]:
+            del self._anchor_expired[b]
         if old:
             log.info("anchor index: expired %d batches older than %d versions: %s", len(old), k, old)
             self._anchor_on_change()
