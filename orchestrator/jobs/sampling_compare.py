@@ -199,6 +199,35 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
     return out
 
 
+PASS_WINDOWS = 5
+"""Windows of one ``epoch`` pass (``train_size x group_size`` rollouts) in the by-pass table; the
+last holds the rest of the budget."""
+
+
+def pass_windows(steps: list[dict], window: int, count: int = PASS_WINDOWS) -> list[dict[str, int]]:
+    """Rollouts spent and informative groups classified in each window of ``window`` rollouts.
+
+    A step's rollouts and groups count in the window where the step started (its rollouts before
+    it); the last window takes everything from ``(count - 1) x window`` on.
+
+    Args:
+        steps: a run's ``train.json`` steps, each with cumulative ``rollouts``,
+            ``groups_classified`` and ``dropped`` (reason -> groups).
+        window: rollouts per window, > 0.
+        count: windows, >= 1.
+    Returns:
+        ``count`` dicts ``{"rollouts", "informative"}``.
+    """
+    out = [{"rollouts": 0, "informative": 0} for _ in range(count)]
+    before = 0
+    for x in steps:
+        w = out[min(before // window, count - 1)]
+        w["rollouts"] += int(x["rollouts"]) - before
+        w["informative"] += int(x.get("groups_classified", 0)) - int(sum(x.get("dropped", {}).values()))
+        before = int(x["rollouts"])
+    return out
+
+
 def _stats(xs: list[float]) -> dict[str, float] | None:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -251,6 +280,8 @@ def run_summary(s: dict, gain: float) -> dict:
         "curve": [(e["rollouts"], e["heldout_acc"]) for e in s["evals"]],
         # the first crossing of every gain of REPORT_GAINS
         "by_gain": by_gain,
+        # rollouts and informative groups in each pass-sized window of the run (where the saving lands)
+        "by_pass": pass_windows(s.get("steps", []), cfg["train_size"] * n) if cfg.get("train_size") else None,
     }
 
 
@@ -356,7 +387,34 @@ def table(results: dict[str, list[dict]], gain: float) -> tuple[list[dict], str]
                 cells = [f"{p(paired_ratio(mine, epoch_at[g]))}, {reached(mine)}/{reached(epoch_at[g])}"
                          for g in gains for mine in [at(runs, g)]]
                 lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines += by_pass_table(results)
     return rows, "\n".join(lines) + "\n"
+
+
+def by_pass_table(results: dict[str, list[dict]]) -> list[str]:
+    """Markdown lines: rollouts per informative group in each pass-sized window (:func:`pass_windows`),
+    per arm, summed over its seeds; and x ``epoch``, over the same seeds."""
+    if not any(r.get("by_pass") for runs in results.values() for r in runs):
+        return []
+    epoch = {r.get("seed"): r["by_pass"] for r in results["epoch"] if r.get("by_pass")}
+    count = len(next(iter(epoch.values()))) if epoch else 0
+
+    def cost(windows: list[list[dict]], w: int) -> float | None:
+        rollouts, informative = (sum(x[w][k] for x in windows) for k in ("rollouts", "informative"))
+        return rollouts / informative if informative else None
+
+    lines = ["", "Rollouts per informative group in each window of one `epoch` pass of rollouts (the training tasks x "
+             "the group size; the last window holds the rest of the budget), summed over the seeds; x `epoch` over "
+             "the same seeds. Where in the run an arm saves:", "",
+             "| arm | " + " | ".join(f"pass {w + 1}" for w in range(count)) + " |", "|---|" + "---|" * count]
+    for arm, runs in results.items():
+        mine = [r for r in runs if r.get("by_pass") and r.get("seed") in epoch]
+        cells = []
+        for w in range(count):
+            c, e = cost([r["by_pass"] for r in mine], w), cost([epoch[r.get("seed")] for r in mine], w)
+            cells.append("-" if c is None else f"{c:.1f}" + ("" if e is None or arm == "epoch" else f" ({c / e:.2f}x)"))
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def pass_costs_table(per_seed: dict[str, dict]) -> str:

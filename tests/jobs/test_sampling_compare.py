@@ -12,9 +12,11 @@ from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyL
 from orchestrator.jobs.sampling_compare import (
     ARMS,
     arm_config,
+    by_pass_table,
     paired_ratio,
     pass_costs,
     pass_costs_table,
+    pass_windows,
     run_comparison,
     run_summary,
     table,
@@ -100,7 +102,7 @@ def test_summary_reads_the_first_crossing():
 
 def test_summary_reads_where_the_crossing_falls():
     # 4 steps, each 5 groups of 4 classified, 2 dropped (3 informative), 2 new tasks trained per step
-    steps = [{"step": i + 1, "groups_classified": 5, "dropped": {"all_correct": 1, "all_wrong": 1},
+    steps = [{"step": i + 1, "rollouts": 20 * (i + 1), "groups_classified": 5, "dropped": {"all_correct": 1, "all_wrong": 1},
               "distinct_tasks_trained": 2 * (i + 1)} for i in range(4)]
     evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3}, {"step": 3, "rollouts": 60, "heldout_acc": 0.4},
              {"step": 4, "rollouts": 80, "heldout_acc": 0.41}]
@@ -112,6 +114,15 @@ def test_summary_reads_where_the_crossing_falls():
     assert (r["to_target_distinct_tasks"], r["distinct_tasks_trained"]) == (6, 8)
     _, md = table({"epoch": [r]}, 0.1)
     assert "| epoch | 1.50 ± 0.00 | 3.0 ± 0.0 | 9 ± 0 | 0.60x | 6 ± 0 | 8 ± 0 |" in md
+
+
+def test_by_pass_table_gives_rollouts_per_informative_group_and_the_ratio_to_epoch():
+    # windows of 10 tasks x 4 = 40 rollouts: epoch spends 40 for 5 informative groups in pass 1 (8.0),
+    # the arm 40 for 8 (5.0, 0.62x); pass 2: 40 for 4 (10.0) against 40 for 2 (20.0, 2.00x)
+    def run(seed, windows):
+        return {"seed": seed, "by_pass": [{"rollouts": r, "informative": i} for r, i in windows]}
+    md = "\n".join(by_pass_table({"epoch": [run(0, [(40, 5), (40, 4)])], "arm": [run(0, [(40, 8), (40, 2)])]}))
+    assert "| epoch | 8.0 | 10.0 |" in md and "| arm | 5.0 (0.62x) | 20.0 (2.00x) |" in md
 
 
 def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
@@ -244,3 +255,14 @@ def test_pass_costs_table_gives_mean_and_std_over_seeds():
     md = pass_costs_table(per_seed)
     assert "| full | 19.0 ± 1.4 | 1.00 ± 0.00 |" in md  # stdev of 18, 20: sqrt(2) = 1.41
     assert "| history_skip | 11.0 ± 1.4 | 0.60 ± 0.14 |" in md
+
+
+def test_pass_windows_count_rollouts_and_informative_groups_by_hand():
+    # window 100: step 1 (0 -> 60: 5 groups, 2 dropped) and step 2 (60 -> 130: 4, 1 dropped) start in
+    # window 0; step 3 (130 -> 250: 6, 6 dropped) in window 1; step 4 (250 -> 400: 3, 0 dropped) starts
+    # in window 2, past the last of 2 windows: it counts in the last
+    steps = [{"rollouts": 60, "groups_classified": 5, "dropped": {"all_correct": 2}},
+             {"rollouts": 130, "groups_classified": 4, "dropped": {"all_wrong": 1}},
+             {"rollouts": 250, "groups_classified": 6, "dropped": {"all_correct": 4, "all_wrong": 2}},
+             {"rollouts": 400, "groups_classified": 3, "dropped": {}}]
+    assert pass_windows(steps, 100, count=2) == [{"rollouts": 130, "informative": 6}, {"rollouts": 270, "informative": 3}]
