@@ -107,10 +107,10 @@ DAPO_ARMS = "dapo, no_clip_higher, no_dynamic_sampling, no_token_loss, no_overlo
 """The arms of ``ablate-dapo`` for its help (the table, :data:`orchestrator.jobs.ablation.ARMS`,
 lives in a module that imports torch; a test keeps the two equal)."""
 GIGPO_ARMS = "gigpo, omega0, multi_step_grpo, gigpo_norm_none"
-SAMPLING_ARMS = ("epoch, informative, informative_screen, screening, predicted_skip, skip_screen, informative_grpo, greso, "
-                 "trinity_difficulty, dapo_recipe, grpo")
-"""The arms of ``compare-sampling`` for its help (:data:`orchestrator.jobs.sampling_compare.ARMS`)."""
 """The arms of ``compare-gigpo`` for its help (:data:`orchestrator.jobs.gigpo_compare.ARMS`)."""
+SAMPLING_ARMS = ("epoch, informative, informative_screen, screening, predicted_skip, skip_screen, informative_grpo, "
+                 "greso_prior, greso, trinity_difficulty, dapo_recipe, grpo")
+"""The arms of ``compare-sampling`` for its help (:data:`orchestrator.jobs.sampling_compare.ARMS`)."""
 
 
 def _arms(arms: str | None, known: dict) -> list[str]:

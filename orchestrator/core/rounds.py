@@ -100,6 +100,7 @@ class Rounds:
             max_epochs=p.max_epochs,
             zero_streak_correct=self.history.consec_all_correct,
             zero_streak_wrong=self.history.consec_all_wrong,
+            groups=self.history.groups,
             options=dict(p.selection_options),
         )
 

@@ -39,6 +39,8 @@ class SelectionContext:
         max_epochs: no task is drawn in epoch ``max_epochs`` or later (end of data); None = no end.
         zero_streak_correct, zero_streak_wrong: (T,) int64, each task's consecutive all-correct /
             all-wrong groups up to now (the history's; zero-variance streaks, as GRESO reads them).
+        groups: (T,) int64, each task's groups classified up to now (0: never rolled out); None
+            when not given.
         options: the policy's ``selection_options`` (mode-specific settings, e.g. GRESO's).
     """
 
@@ -50,6 +52,7 @@ class SelectionContext:
     max_epochs: int | None = None
     zero_streak_correct: np.ndarray | None = None
     zero_streak_wrong: np.ndarray | None = None
+    groups: np.ndarray | None = None
     options: dict = field(default_factory=dict)
 
 

@@ -46,6 +46,14 @@ def keep_probability(informative: np.ndarray, keep_at: float, floor: float) -> n
     return np.clip(np.asarray(informative, dtype=np.float64) / keep_at, floor, 1.0)
 
 
+def check_options(opts: dict[str, float]) -> None:
+    """Refuse a ``keep_at`` outside (0, 1] or a ``floor`` outside [0, 1], naming the key and value."""
+    if not 0.0 < opts["keep_at"] <= 1.0:
+        raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {opts['keep_at']!r}")
+    if not 0.0 <= opts["floor"] <= 1.0:
+        raise ValueError(f"selection_options.floor: must be in [0, 1], got {opts['floor']!r}")
+
+
 @register_selection
 class PredictedSkipSelection(EpochSelection):
     """Epoch order; a task is kept with probability :func:`keep_probability` of its prediction."""
@@ -61,10 +69,7 @@ class PredictedSkipSelection(EpochSelection):
         if policy.selection != self.name:
             return
         opts = mode_options(policy, self.name, DEFAULTS)
-        if not 0.0 < opts["keep_at"] <= 1.0:
-            raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {opts['keep_at']!r}")
-        if not 0.0 <= opts["floor"] <= 1.0:
-            raise ValueError(f"selection_options.floor: must be in [0, 1], got {opts['floor']!r}")
+        check_options(opts)
         self.options = opts
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:

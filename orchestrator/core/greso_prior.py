@@ -1,0 +1,71 @@
+"""``greso_prior``: GRESO's streak skip for the tasks rolled out before, a prior skip for the rest.
+
+The two skips save in different parts of a run (``compare-sampling``'s by-pass table,
+docs/sampling.md). GRESO (arXiv 2506.02177, Sec. 4; :mod:`orchestrator.core.greso`) skips a
+prompt from its own zero-variance streak: nothing in the first pass, where no task has one, and
+most later, where its adaptive exploration probability falls towards ``p_min``.
+``predicted_skip`` (:mod:`orchestrator.core.skip`) skips from the pass-rate posterior: in the
+first pass a task is predicted from its family's prior, which finds the families that are always
+or never solved; later its keep probability of a task seen unanimous once stays high, since the
+posterior after one group of 8 is still wide.
+
+This mode takes each rule where it pays. When a task's turn in the epoch order comes, it is
+rolled out with probability:
+
+* a task rolled out before (``ctx.groups > 0``): GRESO's ``p_easy ** z`` / ``p_hard ** z`` after
+  ``z`` consecutive all-correct / all-wrong groups, 1 after an informative one
+  (:func:`orchestrator.core.greso.keep_probability`), with GRESO's adaptive ``p_easy`` and
+  ``p_hard``;
+* a task never rolled out: ``clip(I / keep_at, floor, 1)`` of its predicted chance ``I`` of an
+  informative group, from its tag's prior (:func:`orchestrator.core.skip.keep_probability`).
+
+``selection_options`` takes the keys of both (:data:`DEFAULTS`). This differs from the GRESO
+paper on purpose: the paper rolls every prompt out in its first epoch; ``greso`` is that
+reference. The draw is counter-based (``default_rng([seed, 4, epoch])``, one uniform per task and
+epoch), so a checkpoint restores the same skips.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.core import greso, skip
+from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
+
+DEFAULTS = {**greso.DEFAULTS, **skip.DEFAULTS}
+"""``selection_options`` keys of ``greso_prior``: GRESO's and ``predicted_skip``'s, same defaults."""
+
+
+@register_selection
+class GresoPriorSelection(greso.GresoSelection):
+    """Epoch order; GRESO's keep for tasks rolled out before, the prior's keep for the others."""
+
+    name = "greso_prior"
+
+    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
+        super().__init__(num_tasks, seed, max_idle_epochs)
+        self.options = dict(DEFAULTS)
+
+    def configure(self, policy) -> None:
+        EpochSelection.configure(self, policy)
+        opts = mode_options(policy, self.name, DEFAULTS)
+        if policy.selection == self.name:
+            skip.check_options(opts)
+        self.options = opts
+
+    def keep_probability(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
+        """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes."""
+        prior = skip.keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"])
+        if ctx.groups is None or ctx.zero_streak_correct is None:
+            return prior
+        streak = greso.keep_probability(ctx.zero_streak_correct[tasks], ctx.zero_streak_wrong[tasks], self.p_easy, self.p_hard)
+        return np.where(ctx.groups[tasks] > 0, streak, prior)
+
+    def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
+        base = EpochSelection.eligible(self, tasks, ctx)
+        u = np.random.default_rng([self.seed, 4, self._epoch]).random(self.num_tasks)[tasks]
+        return base & (u < self.keep_probability(tasks, ctx))
+
+    def task_row(self, i: int, ctx: SelectionContext) -> dict:
+        """``keep_probability``: the chance task ``i`` is rolled out when its turn comes."""
+        return {"keep_probability": float(self.keep_probability(np.array([i]), ctx)[0])}
