@@ -103,15 +103,21 @@ def plot_ablation(curves: dict[str, list[list[tuple[float, float]]]], path: Path
         curves: arm -> one list of (budget, value) per seed (default: rollouts, held-out accuracy).
     """
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for arm, runs in curves.items():
+    many = len(curves) > 10  # more arms than the default colour cycle: tab20, a legend beside the axes
+    fig, ax = plt.subplots(figsize=(10.5, 5) if many else (8, 5))
+    tab20 = plt.get_cmap("tab20").colors
+    for i, (arm, runs) in enumerate(curves.items()):
         grid = np.linspace(0, min(r[-1][0] for r in runs), 20)
         ys = np.array([np.interp(grid, [p[0] for p in r], [p[1] for p in r]) for r in runs])
-        ax.plot(grid, ys.mean(0), label=arm)
-        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.15)
+        colour = tab20[(2 * i) % 20 + (2 * i) // 20] if many else f"C{i}"
+        ax.plot(grid, ys.mean(0), label=arm, color=colour, linestyle="-" if i < 10 else "--")
+        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.07 if many else 0.15, color=colour)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend()
+    if many:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    else:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
