@@ -54,17 +54,6 @@ def test_unknown_and_out_of_range_options_are_refused_naming_the_key():
         OrchestratorCore(ResamplingPolicy(selection="predicted_skip", selection_options={"keep_at": 1.5}), ["a"], seed=0)
 
 
-def test_state_round_trip_repeats_the_next_draw():
-    pol = ResamplingPolicy(selection="predicted_skip", target_groups=2, group_size=2)
-    ids = [f"t{i}" for i in range(20)]
-    a = OrchestratorCore(pol, ids, seed=1)
-    a.submit([group(f"t{i}", [1.0, 1.0]) for i in range(10)])
-    a.select_tasks(5)
-    b = OrchestratorCore(pol, ids, seed=1)
-    b.load_state_dict(a.state_dict())
-    assert a.select_tasks(30) == b.select_tasks(30)
-
-
 def test_the_task_row_shows_the_keep_probability():
     sel = PredictedSkipSelection(3)
     ctx = SelectionContext(skip_until_epoch=np.zeros(3, dtype=np.int64), informative=np.array([0.1, 0.3, 0.9]))
