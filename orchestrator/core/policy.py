@@ -202,7 +202,10 @@ class ResamplingPolicy(BaseModel):
         "'epoch' walks a seeded permutation per epoch (minus skip-rule cooldowns); 'informative' draws tasks by "
         "their predicted chance of an informative group (per-task Beta pass-rate posterior), with exploration and "
         "a revisit bound, and sizes each round from the predicted keep rate of the tasks drawn; 'greso' is the "
-        "epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv 2506.02177).",
+        "epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv 2506.02177); "
+        "'predicted_skip' is the epoch order keeping each task with probability clip(I / keep_at, floor, 1) of its "
+        "predicted chance I of an informative group (own history and family prior); 'greso_prior' uses GRESO's "
+        "skip for tasks rolled out before and predicted_skip's for the others (docs/sampling.md).",
     )
     selection_options: dict[str, float] = Field(
         default_factory=dict,
