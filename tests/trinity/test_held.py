@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -158,34 +160,52 @@ if {block!r}:
     held.write_file = blocked
 op = OrchestratorOperator(actor_name={name!r}, namespace="trinity-dso", held_dir={held_dir!r},
                           policy={{"target_groups": 2, "group_size": 2}})
-print("session", op.session, flush=True)
+def say(text):  # one write per line: the writer thread's line never lands inside it
+    sys.stdout.write(text + "\\n")
+    sys.stdout.flush()
+say(f"session {{op.session}}")
 async def step():
     out, _ = await op.process(group(1, 0, 0, [1.0, -1.0]))  # informative: carried over
-    print("returned", len(out), flush=True)
+    say(f"returned {{len(out)}}")
     op.held.wait()
-    print("written", flush=True)
+    say("written")
 asyncio.run(step())
 time.sleep(3600)
 """
 
 
 def run_child_until(ray_local, name, held_dir, block: bool, line: str) -> str:
-    """Run one operator step in a child process, SIGKILL it once it prints ``line``; its session."""
+    """Run one operator step in a child process, SIGKILL it once it prints ``line``; its session.
+
+    The child's lines are read in a thread, so a child that never prints ``line`` fails the test
+    after 120 s instead of blocking the read for ever."""
     code = CHILD.format(address=ray_local.get_runtime_context().gcs_address, name=name, held_dir=str(held_dir),
                         block=block)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    session = None
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for text in child.stdout:
+            lines.put(text)
+        lines.put(None)  # the child exited
+
+    threading.Thread(target=read, daemon=True).start()
+    session, seen = None, []
     try:
         deadline = time.monotonic() + 120
-        for text in child.stdout:
+        while True:
+            try:
+                text = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                pytest.fail(f"the child operator never printed {line!r} in 120 s; it printed {seen}")
+            if text is None:
+                pytest.fail(f"the child exited before {line!r} (rc {child.wait()}); it printed {seen}")
+            seen.append(text.strip())
             if text.startswith("session"):
                 session = text.split()[1]
             if line in text.split():
                 break
-            assert time.monotonic() < deadline, "the child operator never got there"
-        else:
-            pytest.fail(f"the child exited before {line!r} (rc {child.wait()})")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
