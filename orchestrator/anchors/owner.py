@@ -332,8 +332,8 @@ class AnchorLifecycle:
             opened = self._anchor_batches[b]
             self._anchor_retire(b)
             self._anchor_expired[b] = opened
-        for b in list(self._anchor_expired)[: max(0, len(self._anchor_expired) - EXPIRED_KEYS)]:
-            del self._anchor_expired[b]
+        while len(self._anchor_expired) > EXPIRED_KEYS:  # forget the oldest (dicts keep insertion order)
+            del self._anchor_expired[next(iter(self._anchor_expired))]
         if old:
             log.info("anchor index: expired %d batches older than %d versions: %s", len(old), k, old)
             self._anchor_on_change()
