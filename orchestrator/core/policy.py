@@ -205,8 +205,7 @@ class ResamplingPolicy(BaseModel):
         "epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv 2506.02177); "
         "'predicted_skip' is the epoch order keeping each task with probability clip(I / keep_at, floor, 1) of its "
         "predicted chance I of an informative group (own history and family prior); 'greso_prior' uses GRESO's "
-        "skip for tasks rolled out before and predicted_skip's for the others; 'ranked_skip' walks each epoch most "
-        "informative first (re-ranked every round by I) with predicted_skip's keep (docs/sampling.md).",
+        "skip for tasks rolled out before and predicted_skip's for the others (docs/sampling.md).",
     )
     selection_options: dict[str, float] = Field(
         default_factory=dict,

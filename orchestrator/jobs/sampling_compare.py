@@ -12,7 +12,6 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 ``skip_screen``          ours combined: ``predicted_skip`` plus screens of the tasks it keeps but doubts
 ``informative_grpo``     ``informative`` draws, no filter: every drawn group trains (GRPO batches of chosen tasks)
 ``greso_prior``          ours combined: GRESO's streak skip for tasks rolled out before, the prior's skip for the rest
-``ranked_skip``          ours: each pass most-informative-first, with ``predicted_skip``'s keep (:mod:`orchestrator.core.ranked`)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
 ``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
@@ -87,13 +86,12 @@ ARMS: dict[str, dict] = {
     "skip_screen": {"policy": {"selection": "predicted_skip", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}, "replenish": "none"}},
     "greso_prior": {"policy": {"selection": "greso_prior"}},
-    "ranked_skip": {"policy": {"selection": "ranked_skip"}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
     "grpo": {"dynamic_sampling": False},
 }
-OURS = ("informative", "screening", "informative_screen", "predicted_skip", "skip_screen", "informative_grpo", "greso_prior", "ranked_skip")
+OURS = ("informative", "screening", "informative_screen", "predicted_skip", "skip_screen", "informative_grpo", "greso_prior")
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
