@@ -97,7 +97,8 @@ def test_summary_reads_the_first_crossing():
                       "a": [{**r, "to_target_rollouts": 500, "to_target_seconds": 6.0}]}, 0.2)
     assert rows[0]["to_target_rollouts"]["mean"] == 1000 and rows[0]["to_target_rollouts"]["std"] == pytest.approx(141.42, abs=0.01)
     assert "| epoch | 2/2 | 1000 ± 141 | 1.00x | 8.0 ± 0.0 | 1.00x |" in md
-    assert "| a | 1/1 | 500 ± 0 | 0.50x | 6.0 ± 0.0 | 0.75x |" in md
+    # "x epoch" pairs by seed: "a" ran seed 0 only, so 500 / 900 (not 500 / 1000, epoch's mean over both seeds)
+    assert "| a | 1/1 | 500 ± 0 | 0.56x | 6.0 ± 0.0 | 0.75x |" in md
 
 
 def test_summary_reads_where_the_crossing_falls():
