@@ -42,6 +42,16 @@ def keep_probability(streak_correct: np.ndarray, streak_wrong: np.ndarray, p_eas
     return np.power(p_easy, np.asarray(streak_correct, dtype=np.float64)) * np.power(p_hard, np.asarray(streak_wrong, dtype=np.float64))
 
 
+def check_options(opts: dict[str, float]) -> None:
+    """Refuse a setting outside its range, naming the key and value: ``p_start`` and ``p_min`` in
+    (0, 1] (a probability of 0 would never roll a skipped task again), ``step``,
+    ``target_zero_share`` and ``easy_share`` in [0, 1]."""
+    for key, low_open in (("p_start", True), ("p_min", True), ("step", False), ("target_zero_share", False), ("easy_share", False)):
+        v = opts[key]
+        if not ((0.0 < v) if low_open else (0.0 <= v)) or not v <= 1.0:
+            raise ValueError(f"selection_options.{key}: must be in {'(0, 1]' if low_open else '[0, 1]'}, got {v!r}")
+
+
 @register_selection
 class GresoSelection(EpochSelection):
     """Epoch order with GRESO's probabilistic skip of recently zero-variance tasks."""
@@ -50,12 +60,26 @@ class GresoSelection(EpochSelection):
 
     def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
         super().__init__(num_tasks, seed, max_idle_epochs)
-        self.options = dict(DEFAULTS)
-        self.p_easy = self.p_hard = DEFAULTS["p_start"]
+        self.options = dict(self.defaults)
+        self.p_easy = self.p_hard = self.defaults["p_start"]
+
+    defaults = DEFAULTS
+    """The ``selection_options`` keys this mode reads, and their defaults."""
+
+    def check(self, opts: dict[str, float]) -> None:
+        """Refuse out-of-range ``selection_options`` (:func:`check_options`)."""
+        check_options(opts)
 
     def configure(self, policy) -> None:
+        """Reads ``selection_options``; a ``p_start`` other than the one in force resets both
+        probabilities to it (at construction: the policy's ``p_start`` is where they start)."""
         super().configure(policy)
-        self.options = mode_options(policy, self.name, DEFAULTS)
+        opts = mode_options(policy, self.name, self.defaults)
+        if policy.selection == self.name:
+            self.check(opts)
+        if opts["p_start"] != self.options["p_start"]:
+            self.p_easy = self.p_hard = opts["p_start"]
+        self.options = opts
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)

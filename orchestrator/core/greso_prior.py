@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.core import greso, skip
-from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
+from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
 DEFAULTS = {**greso.DEFAULTS, **skip.DEFAULTS}
 """``selection_options`` keys of ``greso_prior``: GRESO's and ``predicted_skip``'s, same defaults."""
@@ -42,16 +42,12 @@ class GresoPriorSelection(greso.GresoSelection):
 
     name = "greso_prior"
 
-    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
-        super().__init__(num_tasks, seed, max_idle_epochs)
-        self.options = dict(DEFAULTS)
+    defaults = DEFAULTS
 
-    def configure(self, policy) -> None:
-        EpochSelection.configure(self, policy)
-        opts = mode_options(policy, self.name, DEFAULTS)
-        if policy.selection == self.name:
-            skip.check_options(opts)
-        self.options = opts
+    def check(self, opts: dict[str, float]) -> None:
+        """Refuse out-of-range settings of either rule."""
+        greso.check_options(opts)
+        skip.check_options(opts)
 
     def keep_probability(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes."""

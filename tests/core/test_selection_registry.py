@@ -1,5 +1,7 @@
 """The selection registry, GRESO's skip, and skip-rule cooldowns across epochs and selections."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,24 @@ def test_greso_state_round_trip_repeats_the_next_draw():
 def test_greso_refuses_unknown_options():
     with pytest.raises(ValueError, match="selection_options.*bogus"):
         core(selection="greso", selection_options={"bogus": 1.0})
+
+
+@pytest.mark.parametrize("mode", ["greso", "greso_prior"])
+@pytest.mark.parametrize(("key", "value", "allowed"), [("p_min", 0.0, "(0, 1]"), ("p_start", 1.5, "(0, 1]"),
+                                                       ("step", -0.01, "[0, 1]"), ("easy_share", 1.5, "[0, 1]")])
+def test_greso_refuses_out_of_range_options_naming_key_and_value(mode, key, value, allowed):
+    with pytest.raises(ValueError, match=rf"selection_options\.{key}: must be in {re.escape(allowed)}, got {value}"):
+        core(selection=mode, selection_options={key: value})
+
+
+def test_greso_starts_at_the_policys_p_start_and_a_new_p_start_resets_it():
+    c = core(selection="greso", selection_options={"p_start": 0.8})
+    assert (c.selection.p_easy, c.selection.p_hard) == (0.8, 0.8)
+    c.selection.observe(np.arange(4), np.zeros(4, dtype=bool), np.ones(4, dtype=bool))  # 0.79, 0.81
+    c.set_policy(c.policy.updated({"selection_options": {"p_start": 0.8, "step": 0.02}}))  # same p_start: kept
+    assert (c.selection.p_easy, c.selection.p_hard) == pytest.approx((0.79, 0.81))
+    c.set_policy(c.policy.updated({"selection_options": {"p_start": 0.3}}))
+    assert (c.selection.p_easy, c.selection.p_hard) == (0.3, 0.3)
 
 
 def test_cooldown_counts_from_the_epoch_the_task_was_drawn_in():
