@@ -48,7 +48,7 @@ def check_options(opts: dict[str, float]) -> None:
     ``target_zero_share`` and ``easy_share`` in [0, 1]."""
     for key, low_open in (("p_start", True), ("p_min", True), ("step", False), ("target_zero_share", False), ("easy_share", False)):
         v = opts[key]
-        if not ((0.0 < v) if low_open else (0.0 <= v)) or not v <= 1.0:
+        if not ((0.0 < v <= 1.0) if low_open else (0.0 <= v <= 1.0)):  # NaN fails both
             raise ValueError(f"selection_options.{key}: must be in {'(0, 1]' if low_open else '[0, 1]'}, got {v!r}")
 
 
@@ -57,14 +57,13 @@ class GresoSelection(EpochSelection):
     """Epoch order with GRESO's probabilistic skip of recently zero-variance tasks."""
 
     name = "greso"
+    defaults = DEFAULTS
+    """The ``selection_options`` keys this mode reads, and their defaults."""
 
     def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
         super().__init__(num_tasks, seed, max_idle_epochs)
         self.options = dict(self.defaults)
         self.p_easy = self.p_hard = self.defaults["p_start"]
-
-    defaults = DEFAULTS
-    """The ``selection_options`` keys this mode reads, and their defaults."""
 
     def check(self, opts: dict[str, float]) -> None:
         """Refuse out-of-range ``selection_options`` (:func:`check_options`)."""
