@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
+from orchestrator.core.selection import EpochSelection, SelectionContext, check_unit_ranges, mode_options, register_selection
 
 DEFAULTS = {"p_start": 0.5, "step": 0.01, "p_min": 0.05, "target_zero_share": 0.25, "easy_share": 1 / 3}
 """``selection_options`` keys of ``greso`` and their defaults (see the module docstring)."""
@@ -43,13 +43,14 @@ def keep_probability(streak_correct: np.ndarray, streak_wrong: np.ndarray, p_eas
 
 
 def check_options(opts: dict[str, float]) -> None:
-    """Refuse a setting outside its range, naming the key and value: ``p_start`` and ``p_min`` in
-    (0, 1] (a probability of 0 would never roll a skipped task again), ``step``,
-    ``target_zero_share`` and ``easy_share`` in [0, 1]."""
-    for key, low_open in (("p_start", True), ("p_min", True), ("step", False), ("target_zero_share", False), ("easy_share", False)):
-        v = opts[key]
-        if not ((0.0 < v <= 1.0) if low_open else (0.0 <= v <= 1.0)):  # NaN fails both
-            raise ValueError(f"selection_options.{key}: must be in {'(0, 1]' if low_open else '[0, 1]'}, got {v!r}")
+    """Refuse a setting outside its range: ``p_start`` and ``p_min`` in (0, 1] (a probability of 0
+    would never roll a skipped task again), ``step``, ``target_zero_share`` and ``easy_share`` in
+    [0, 1].
+
+    Raises:
+        ValueError: naming the key and the value (:func:`check_unit_ranges`).
+    """
+    check_unit_ranges(opts, open_low=("p_start", "p_min"), closed=("step", "target_zero_share", "easy_share"))
 
 
 @register_selection

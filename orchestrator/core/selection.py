@@ -81,6 +81,19 @@ def mode_options(policy, name: str, defaults: dict[str, float]) -> dict[str, flo
     return {**defaults, **{k: float(v) for k, v in policy.selection_options.items() if k in defaults}}
 
 
+def check_unit_ranges(opts: dict[str, float], open_low: tuple[str, ...] = (), closed: tuple[str, ...] = ()) -> None:
+    """Refuse a ``selection_options`` value outside (0, 1] (keys in ``open_low``) or [0, 1] (keys
+    in ``closed``); NaN is outside both.
+
+    Raises:
+        ValueError: ``selection_options.<key>: must be in <range>, got <value>``.
+    """
+    for key, low_open in [(k, True) for k in open_low] + [(k, False) for k in closed]:
+        v = opts[key]
+        if not ((0.0 < v <= 1.0) if low_open else (0.0 <= v <= 1.0)):
+            raise ValueError(f"selection_options.{key}: must be in {'(0, 1]' if low_open else '[0, 1]'}, got {v!r}")
+
+
 class TaskSelection:
     """Base class of a task-selection mode.
 

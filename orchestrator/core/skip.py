@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, mode_options, register_selection
+from orchestrator.core.selection import EpochSelection, SelectionContext, check_unit_ranges, mode_options, register_selection
 
 DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
 """``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
@@ -47,11 +47,12 @@ def keep_probability(informative: np.ndarray, keep_at: float, floor: float) -> n
 
 
 def check_options(opts: dict[str, float]) -> None:
-    """Refuse a ``keep_at`` outside (0, 1] or a ``floor`` outside [0, 1], naming the key and value."""
-    if not 0.0 < opts["keep_at"] <= 1.0:
-        raise ValueError(f"selection_options.keep_at: must be in (0, 1], got {opts['keep_at']!r}")
-    if not 0.0 <= opts["floor"] <= 1.0:
-        raise ValueError(f"selection_options.floor: must be in [0, 1], got {opts['floor']!r}")
+    """Refuse a ``keep_at`` outside (0, 1] or a ``floor`` outside [0, 1].
+
+    Raises:
+        ValueError: naming the key and the value (:func:`check_unit_ranges`).
+    """
+    check_unit_ranges(opts, open_low=("keep_at",), closed=("floor",))
 
 
 @register_selection
