@@ -229,6 +229,22 @@ class ResamplingPolicy(BaseModel):
         "pass-rate posterior, updated by the screen, gives the completed group at least this chance of being "
         "informative; 1 = stop every such screen (SPEED-RL's rule).",
     )
+    answer_screen: bool = Field(
+        False,
+        description="Answer screen: before a round's rollouts, score each task's reference answer under the current "
+        "policy (one forward pass per task, nothing sampled; the rollout source's answer_probability): p = chance "
+        "that one response is exactly the answer, I = 1 - p**n - (1-p)**n, and roll the task out with probability "
+        "clip(I / answer_keep_at, answer_floor, 1). Standalone route only, with a rollout source that can score "
+        "(vLLM); p is the pass rate only for short exact answers (docs/sampling.md).",
+    )
+    answer_keep_at: float = Field(
+        0.5, gt=0.0, le=1.0,
+        description="Answer screen: tasks whose group is at least this likely to be informative are always rolled out.",
+    )
+    answer_floor: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Answer screen: the least chance a scored task is rolled out (the score may be wrong).",
+    )
     selection_explore: float = Field(
         0.01, ge=0.0, le=1.0,
         description="'informative': share of the draw probability spread uniformly over eligible tasks (exploration; "

@@ -11,6 +11,7 @@ restart).
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from orchestrator.core.modes import REPLENISH
 from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
+from orchestrator.core.skip import keep_probability
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
 
@@ -157,7 +159,8 @@ class Rounds:
 
     def predicted_keep_rate(self) -> float:
         """Laplace-smoothed informative groups per task rolled out so far: (k + 1) / (g + s + 2),
-        with k groups classified informative, g groups submitted and s screens stopped.
+        with k groups classified informative, g groups submitted and s screens stopped or tasks
+        skipped by the answer screen.
 
         A stopped screen is a task of a round that yielded no group; without it in the
         denominator a screened run would count only its completed screens, nearly all
@@ -165,7 +168,7 @@ class Rounds:
         after ``max_replenish_rounds`` (measured: a median of 2-3 groups of 8 with screens of 2).
         Without screening ``s`` is 0."""
         c = self.counters
-        return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + c["screens_stopped"] + 2)
+        return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + c["screens_stopped"] + c["answer_skips"] + 2)
 
     def missing_groups(self) -> int:
         return max(0, self.policy.target_groups - len(self.carry))
@@ -179,8 +182,8 @@ class Rounds:
         """
         if self.missing_groups() == 0 or self.rounds_started == 0:
             return False
-        if self.policy.screen_rollouts and not self.carry and not self.candidates:
-            return False  # every group so far was a stopped screen: nothing to release yet (no empty batch)
+        if (self.policy.screen_rollouts or self.policy.answer_screen) and not self.carry and not self.candidates:
+            return False  # every task so far was a stopped screen or skipped: nothing to release yet (no empty batch)
         return REPLENISH[self.policy.replenish].capped(self.rounds_started, self.policy.max_replenish_rounds)
 
     def replenish_blocked(self) -> bool:
@@ -257,6 +260,50 @@ class Rounds:
         c["rollouts_screen_stopped"] += int(trials.sum())
         c["rollouts_planned"] -= int((self.policy.group_size - trials).sum())
         self._touch(idx)
+
+    def answer_screen(self, task_ids: list[str], answer_prob: np.ndarray, round_tag: str) -> np.ndarray:
+        """Which of a planned round's tasks to roll out, from their answer probabilities
+        (``policy.answer_screen``; the rollout source's ``answer_probability``, taken under the
+        current weights just before).
+
+        A task is rolled out with probability ``clip(I / answer_keep_at, answer_floor, 1)``,
+        ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with pass rate p is
+        informative (DAPO Eq. 11's event under a binomial), and the clip the keep rule of
+        ``predicted_skip`` (:func:`orchestrator.core.skip.keep_probability`).
+        The draw is counter-based (``default_rng([seed, 5, crc32(round_tag)])``), so a replayed
+        round skips the same tasks. A skipped task costs no rollout: its planned rollouts go back
+        to the ``max_rollouts`` budget, its round counts it as not informative (the next rounds
+        are sized for it, :meth:`predicted_keep_rate`), and the pass-rate estimate learns nothing.
+
+        Args:
+            task_ids: the round's k tasks.
+            answer_prob: (k,) float, each task's answer probability p in [0, 1].
+            round_tag: the round's tag (``b<batch>r<round>``), seeds the draw.
+        Returns:
+            (k,) bool, True: roll the task out.
+        Raises:
+            ValueError: ``answer_prob`` is not k finite values in [0, 1] (names the first bad task).
+        """
+        p = np.asarray(answer_prob, dtype=np.float64)
+        if p.shape != (len(task_ids),):
+            raise ValueError(f"answer_prob: expected {len(task_ids)} values, got shape {p.shape}")
+        bad = np.flatnonzero(~(np.isfinite(p) & (p >= 0.0) & (p <= 1.0)))
+        if len(bad):
+            raise ValueError(f"answer_prob: task {task_ids[bad[0]]!r} has {p[bad[0]]!r}, expected a probability in [0, 1]")
+        pol = self.policy
+        n = pol.group_size
+        keep_p = keep_probability(1.0 - p**n - (1.0 - p) ** n, pol.answer_keep_at, pol.answer_floor)
+        u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
+        keep = u < keep_p
+        c = self.counters
+        c["answers_scored"] += len(p)
+        skipped = np.flatnonzero(~keep)
+        if len(skipped):
+            idx = np.array([self.task_index(task_ids[i]) for i in skipped], dtype=np.int64)
+            self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
+            c["answer_skips"] += len(idx)
+            c["rollouts_planned"] -= len(idx) * pol.group_size
+        return keep
 
     def _open_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
         """Remember a planned round's predicted keep rate until all its groups are submitted."""

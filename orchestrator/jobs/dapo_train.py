@@ -114,12 +114,14 @@ def task_sets(cfg: DapoTrainConfig) -> tuple[Any, Any, Any]:
     return train, held, train
 
 
-def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, float]:
+def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, Any]:
     groups = source.generate(tasks, k, model_version=version, round_tag=tag)
     acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
+    family = [t.meta.get("family", t.kind) for t in tasks]
+    by_family = {f: float(acc[[i for i, x in enumerate(family) if x == f]].mean()) for f in sorted(set(family))}
     lengths = np.array([[r.metrics["response_length"] for r in g.rollouts] for g in groups])
     truncated = np.array([[r.info["finish_reason"] == "length" for r in g.rollouts] for g in groups])
-    return {"heldout_acc": float(acc.mean()), "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
+    return {"heldout_acc": float(acc.mean()), "heldout_acc_by_family": by_family, "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
             "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
 
 
@@ -275,6 +277,8 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             "keep_rate": kept / classified if classified else math.nan, "groups_classified": classified,
             "dropped": dropped, "reward_all": reward_all, "reward_kept": reward_kept,
             "batch_rounds": batch.rounds, "batch_padding": batch.num_padding, "distinct_tasks_trained": len(tasks_trained),
+            # answers scored by the answer screen so far (one forward pass each, not rollouts)
+            "answers_scored": stats.get("answers_scored", 0) if ref_loop is None and cfg.dynamic_sampling else 0,
             "rollout_seconds": rollout_s, "train_seconds": train_s,
             "wall_seconds": time.monotonic() - started, **metrics, **sync_row,
         }

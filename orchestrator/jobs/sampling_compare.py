@@ -86,12 +86,13 @@ ARMS: dict[str, dict] = {
     "skip_screen": {"policy": {"selection": "predicted_skip", "screen_rollouts": SCREEN_K, "screen_skip_above": 0.9}},
     "informative_grpo": {"policy": {"selection": "informative", "filter": {"enabled": False, "judge": "accuracy"}, "replenish": "none"}},
     "greso_prior": {"policy": {"selection": "greso_prior"}},
+    "answer_screen": {"policy": {"answer_screen": True}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
     "grpo": {"dynamic_sampling": False},
 }
-OURS = ("informative", "screening", "informative_screen", "predicted_skip", "skip_screen", "informative_grpo", "greso_prior")
+OURS = ("informative", "screening", "informative_screen", "predicted_skip", "skip_screen", "informative_grpo", "greso_prior", "answer_screen")
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
@@ -268,6 +269,8 @@ def run_summary(s: dict, gain: float) -> dict:
         "to_target_informative_groups": informative if hit else None,
         "to_target_informative_rollouts": n * informative if hit else None,
         # distinct tasks trained on (an informative group emitted) up to the crossing, and in the run
+        # answers the answer screen scored up to the crossing (a forward pass each, no rollout)
+        "to_target_answers_scored": before[-1].get("answers_scored", 0) if before else (0 if hit else None),
         "to_target_distinct_tasks": before[-1].get("distinct_tasks_trained") if before else (0 if hit else None),
         "distinct_tasks_trained": s["steps"][-1].get("distinct_tasks_trained") if s.get("steps") else None,
         # the training loop's own time up to the crossing: rollouts (with screens and replenish

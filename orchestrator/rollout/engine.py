@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import ray
 
 from orchestrator.core.types import Group, Task
@@ -143,6 +144,47 @@ class VLLMEngine:
         self.generated_tokens += sum(len(s["token_ids"]) for row in result for s in row)
         return result
 
+    def sequence_logprobs(self, sequences: list[list[int]], prompt_lengths: list[int]) -> list[list[float]]:
+        """Teacher-forced log-probs of ``sequences[i][prompt_lengths[i]:]`` under the engine's weights.
+
+        Uses vLLM's ``prompt_logprobs`` (raw log-softmax of the logits, nats): one forward pass
+        over each sequence, nothing sampled.
+        """
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, p, out in zip(sequences, prompt_lengths, outs):
+            steps = out.prompt_logprobs  # [None, {tok: Logprob}, ...], one per prompt position
+            result.append([float(steps[t][seq[t]].logprob) for t in range(p, len(seq))])
+        return result
+
+    def answer_logprobs(self, prompts: list[list[dict[str, str]]], answers: list[str]) -> list[float]:
+        """Log-probability that a response is exactly ``answers[i]`` followed by EOS, for each chat prompt.
+
+        The prompt is tokenised as :meth:`generate` does (the chat template with the generation
+        prompt), the answer by the tokenizer without special tokens, and EOS appended; the result
+        is the sum of :meth:`sequence_logprobs` over the answer and EOS (one forward pass per
+        prompt, no sampling). At temperature 1 and top_p 1 it is the log of the chance that one
+        sampled response is that exact string: the pass rate of a task judged by exact match of
+        a short answer with a character tokenizer. With other tokenisations of the same text, or
+        other responses that the task's scorer accepts, the pass rate is higher (this is then a
+        lower bound).
+
+        Raises:
+            ValueError: ``answers`` and ``prompts`` differ in length.
+        """
+        if len(answers) != len(prompts):
+            raise ValueError(f"answers has {len(answers)} entries for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        tok = self.tokenizer
+        heads = [list(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+                 for p in prompts]
+        seqs = [h + list(tok.encode(a, add_special_tokens=False)) + [tok.eos_token_id] for h, a in zip(heads, answers)]
+        return [float(sum(lp)) for lp in self.sequence_logprobs(seqs, [len(h) for h in heads])]
+
     def chat_choice(
         self,
         prompts: list[list[dict[str, str]]],
@@ -270,4 +312,17 @@ class VLLMRolloutSource:
         samples = ray.get(ref, timeout=self.timeout_s)
         return _groups_from_samples(tasks, samples, n, self.task_set, self.sampling, model_version, round_tag)
 
+    def answer_probability(self, tasks: list[Task]) -> np.ndarray:
+        """(k,) float64 in [0, 1]: each task's chance that one response is exactly its reference
+        answer (``task.answer``) followed by EOS, under the engine's current weights
+        (:meth:`VLLMEngine.answer_logprobs`: one forward pass per task, no rollout). The
+        orchestrator's answer screen reads it (``policy.answer_screen``, docs/sampling.md).
+
+        Raises:
+            ray.exceptions.GetTimeoutError: the engine took longer than ``timeout_s``.
+        """
+        if not tasks:
+            return np.zeros(0, dtype=np.float64)
+        ref = self.engine.answer_logprobs.remote([t.prompt for t in tasks], [t.answer for t in tasks])
+        return np.exp(np.array(ray.get(ref, timeout=self.timeout_s), dtype=np.float64))
 

@@ -125,6 +125,14 @@ class BernoulliRolloutSource:
         ]
 
 
+    def answer_probability(self, tasks: list[Task]) -> np.ndarray:
+        """(k,) float64: each task's pass rate, exactly (what a model's answer likelihood estimates;
+        :meth:`orchestrator.rollout.engine.VLLMRolloutSource.answer_probability`)."""
+        import numpy as np
+
+        return np.array([self.pass_rates[t.task_id] for t in tasks], dtype=np.float64)
+
+
 PATTERNS = ("informative", "all_correct", "all_wrong")
 """Kinds of scripted group (DAPO rewards +1 / -1)."""
 

@@ -52,7 +52,7 @@ from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
-from orchestrator.service.attachment import Attachment, check_judge
+from orchestrator.service.attachment import Attachment, check_source
 from orchestrator.service.batches import BatchHandOut
 from orchestrator.service.commits import SharedCommits
 from orchestrator.service.logs import enable_service_logging
@@ -131,7 +131,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             raise ValueError(f"retry_window: must be an int of at least 1, got {retry_window!r}")
         self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
-        check_judge(policy, rollout_source)
+        check_source(policy, rollout_source)
         self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
         self.task_set = task_set
         self.rollout_source = rollout_source

@@ -5,7 +5,7 @@ One orchestrator serves one Trinity run: the first ``attach_run`` binds it, late
 same run are accepted (a restarted explorer's selector gets the tasks its predecessor took back
 first; a restarted operator's previous last hand-out is named as unconfirmed). The run's pinned
 policy fields (what Trinity's trainer batch size is built from) are set at attach and refused by
-later policy writes; every policy write is checked here (:func:`check_judge` included).
+later policy writes; every policy write is checked here (:func:`check_source` included).
 """
 
 from __future__ import annotations
@@ -19,23 +19,29 @@ from orchestrator.service.names import PinnedPolicyError, PolicyConflictError, R
 log = logging.getLogger("trinity_dso.actor")
 
 
-def check_judge(policy: ResamplingPolicy, rollout_source: Any) -> None:
-    """Refuse a ``filter.judge`` metric the rollout source does not produce, at config time.
+def check_source(policy: ResamplingPolicy, rollout_source: Any) -> None:
+    """Refuse, at config time, a policy the rollout source cannot serve: a ``filter.judge``
+    metric it does not produce, or ``answer_screen`` with a source that cannot score answers.
 
-    A source declares what it writes in ``metric_names`` (a tuple); sources that do not
-    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked.
+    A source declares the metrics it writes in ``metric_names`` (a tuple); sources that do not
+    declare it, and ``judge`` values ``reward`` / ``auto``, are not checked. A source scores
+    answers when it has ``answer_probability`` (the vLLM source does).
 
     Raises:
-        InvalidPolicyError: names ``filter.judge``, the value and the source's metrics.
+        InvalidPolicyError: names the field, the value and the source.
     """
     judge = policy.filter.judge
     names = getattr(rollout_source, "metric_names", None)
-    if judge in ("reward", "auto") or names is None or judge in names:
-        return
-    raise InvalidPolicyError(
-        f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
-        f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
-    )
+    if not (judge in ("reward", "auto") or names is None or judge in names):
+        raise InvalidPolicyError(
+            f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
+            f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
+        )
+    if policy.answer_screen and rollout_source is not None and not hasattr(rollout_source, "answer_probability"):
+        raise InvalidPolicyError(
+            f"invalid resampling policy: answer_screen: true needs a rollout source that scores answers "
+            f"(answer_probability, e.g. the vLLM source); {type(rollout_source).__name__} cannot"
+        )
 
 
 class Attachment:
@@ -97,11 +103,15 @@ class Attachment:
                 f"revision: expected {expected_revision} but the policy is at revision {self.core.policy_revision}"
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
-        check_judge(new, self.rollout_source)
+        check_source(new, self.rollout_source)
         if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
             raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
                                      "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
                                      "group (docs/sampling.md); the policy is unchanged")
+        if new.answer_screen and self.rollout_source is None:
+            raise InvalidPolicyError("answer_screen: true needs the orchestrator's own rollout source (it scores answers "
+                                     "before rolling them out); an attached explorer (Trinity) rolls the tasks it is handed "
+                                     "(docs/sampling.md); the policy is unchanged")
         pinned = self.attachment.get("pinned") or {}
         broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]

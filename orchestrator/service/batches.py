@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.core.machine import DataExhaustedError
+from orchestrator.core.rounds import ScreenPlan
 from orchestrator.core.types import Batch
 
 
@@ -83,6 +84,7 @@ class BatchHandOut:
                     plan = self.core.plan_round()
                     version = self.core.model_version
                     screening = self.core.screen_plan(plan.task_ids)
+                    answer_screen = self.core.policy.answer_screen
                 if out is not None:
                     self._remember(call_id, [out])
                 mine = self.commits.pending
@@ -96,7 +98,14 @@ class BatchHandOut:
                 continue
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
-            groups, screens = await asyncio.to_thread(self._roll, tasks, version, f"b{plan.batch_id}r{plan.round}", screening)
+            tag = f"b{plan.batch_id}r{plan.round}"
+            if answer_screen and tasks:  # score the answers, then roll only the tasks the screen keeps
+                prob = await asyncio.to_thread(self.rollout_source.answer_probability, tasks)
+                async with self._lock:
+                    keep = self.core.answer_screen(plan.task_ids, prob, tag)
+                tasks = [t for t, k in zip(tasks, keep) if k]
+                screening = ScreenPlan(*(x[keep] for x in (screening.screen, screening.go_if_correct, screening.go_if_wrong)))
+            groups, screens = await asyncio.to_thread(self._roll, tasks, version, tag, screening)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
             async with self._lock:

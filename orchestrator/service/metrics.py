@@ -44,6 +44,8 @@ dso_batches_partial_total                counter    batches emitted flagged part
 dso_cap_hits_total                       counter    batches closed at the replenish-round cap
 dso_rollouts_screen_stopped_total        counter    rollouts of screens that stopped their group (screening)
 dso_screens_stopped_total                counter    screens that stopped their group (not completed)
+dso_answers_scored_total                 counter    tasks whose reference answer was scored (answer screen)
+dso_answer_skips_total                   counter    scored tasks not rolled out (answer screen)
 dso_batch_replenish_rounds               histogram  replenish rounds spent per batch
 dso_batch_fill_seconds                   histogram  wall time from a batch's first round to release
 dso_keep_ratio                           gauge*     informative / classified groups (cumulative)
@@ -178,6 +180,8 @@ _SIMPLE_COUNTERS = {
     "cap_hits": "cap_hits",
     "rollouts_screen_stopped": "rollouts_screen_stopped",
     "screens_stopped": "screens_stopped",
+    "answers_scored": "answers_scored",
+    "answer_skips": "answer_skips",
 }
 
 
@@ -347,6 +351,8 @@ class DSOMetrics:
             "cap_hits": Counter(f"{p}_cap_hits", "Batches closed at the replenish-round cap.", registry=r),
             "rollouts_screen_stopped": Counter(f"{p}_rollouts_screen_stopped", "Rollouts of screens that stopped their group.", registry=r),
             "screens_stopped": Counter(f"{p}_screens_stopped", "Screens that stopped their group (screening).", registry=r),
+            "answers_scored": Counter(f"{p}_answers_scored", "Tasks whose reference answer was scored (answer screen; no rollout).", registry=r),
+            "answer_skips": Counter(f"{p}_answer_skips", "Scored tasks not rolled out (answer screen).", registry=r),
             "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
             "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),
             "rollouts_masked": Counter(f"{p}_rollouts_masked", "Rollouts masked (invalid or stale members): zero loss weight, out of the baseline.", registry=r),

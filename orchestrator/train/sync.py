@@ -28,7 +28,7 @@ class WeightSyncError(RuntimeError):
 
 
 class TrainableEngine(VLLMEngine):
-    """:class:`VLLMEngine` plus in-place weight loading and teacher-forced log-probs.
+    """:class:`VLLMEngine` plus in-place weight loading.
 
     The engine core runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
     ``collective_rpc`` then hands the tensors to the model runner as Python objects (across
@@ -48,21 +48,6 @@ class TrainableEngine(VLLMEngine):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named)})
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
-
-    def sequence_logprobs(self, sequences: list[list[int]], prompt_lengths: list[int]) -> list[list[float]]:
-        """Teacher-forced log-probs of ``sequences[i][prompt_lengths[i]:]`` under the engine's weights.
-
-        Uses vLLM's ``prompt_logprobs`` (raw log-softmax of the logits, nats).
-        """
-        from vllm import SamplingParams, TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
-        result = []
-        for seq, p, out in zip(sequences, prompt_lengths, outs):
-            steps = out.prompt_logprobs  # [None, {tok: Logprob}, ...], one per prompt position
-            result.append([float(steps[t][seq[t]].logprob) for t in range(p, len(seq))])
-        return result
 
 
 TrainableEngineActor = ray.remote(num_cpus=0, runtime_env={"env_vars": ENGINE_ENV})(TrainableEngine)

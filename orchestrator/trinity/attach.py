@@ -90,11 +90,16 @@ class AttachConfig(BaseModel):
             raise ValueError("; ".join(parts)) from None
 
     def resampling_policy(self) -> ResamplingPolicy:
-        """The run's policy; screening is refused (Trinity's workflow rolls all repeat_times at once)."""
-        from orchestrator.rollout.screening import check_route
+        """The run's policy; screening and the answer screen are refused (Trinity's workflow rolls all
+        repeat_times at once, and the orchestrator does not hold its engine)."""
+        from orchestrator.rollout.screening import ScreeningUnsupportedError, check_route
 
         policy = ResamplingPolicy.parse({**self.policy, **self.pinned})
         check_route(policy.screen_rollouts, "trinity")
+        if policy.answer_screen:
+            raise ScreeningUnsupportedError("answer_screen: true is not possible through Trinity: the orchestrator hands tasks to "
+                             "Trinity's explorer and does not hold its engine, so it cannot score answers before they "
+                             "are rolled out; set answer_screen: false")
         return policy
 
 

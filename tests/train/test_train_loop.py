@@ -20,7 +20,7 @@ from orchestrator.rollout.engine import VLLMRolloutSource
 from orchestrator.rollout.source import SamplingConfig
 from orchestrator.service.actor import OrchestratorActor
 from orchestrator.train.sync import TrainableEngineActor, WeightSync, WeightSyncError
-from orchestrator.train.tiny import addition_tasks, build_tiny_llama, warm_start
+from orchestrator.train.tiny import CHARS, SPECIALS, addition_tasks, build_tiny_llama, warm_start
 from orchestrator.train.trainer import PolicyTrainer, TrainerConfig, TrainStepError, has_trainable, token_logprobs
 
 pytestmark = pytest.mark.slow
@@ -177,3 +177,32 @@ def test_one_unmasked_member_of_a_real_group_makes_a_batch_trainable(groups):
     assert has_trainable(Batch(0, mixed, model_version=0))
     mixed[1].rollouts[0].info["dso_masked"] = True
     assert not has_trainable(Batch(0, mixed, model_version=0))
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(CHARS[i - len(SPECIALS)] for i in ids)
+
+
+def test_answer_probability_is_the_chance_of_sampling_that_answer(engine, groups):
+    # teacher forcing through the chat template, the answer's tokens and EOS gives exactly the
+    # log-probability the engine sampled each finished response with (temperature 1)
+    # (responses of characters only: a sampled <pad> or <unk> has no text to score)
+    finished = [e for g in groups for e in g.rollouts
+                if e.info["finish_reason"] == "stop" and min(e.tokens[e.prompt_length : -1], default=99) >= len(SPECIALS)][:16]
+    prompts = [[{"role": "user", "content": decode(e.tokens[: e.prompt_length - 1])}] for e in finished]
+    answers = [decode(e.tokens[e.prompt_length : -1]) for e in finished]
+    got = ray.get(engine.answer_logprobs.remote(prompts, answers))
+    assert len(finished) >= 8
+    assert got == pytest.approx([sum(e.logprobs) for e in finished], abs=1e-4)
+
+
+def test_answer_probability_of_a_task_is_its_pass_rate(engine, tasks):
+    # the chance of the exact answer + EOS against the pass rate of 64 rollouts per task: within
+    # 4 standard errors (plus 0.02) on every one of 8 tasks
+    train = tasks[0]
+    source = VLLMRolloutSource(engine, train, SamplingConfig(max_tokens=5, seed=1))
+    some = list(train)[:8]
+    p = source.answer_probability(some)
+    rate = np.array([np.mean([e.metrics["accuracy"] for e in g.rollouts]) for g in source.generate(some, 64, round_tag="pr")])
+    assert np.all(np.abs(p - rate) <= 4 * np.sqrt(p * (1 - p) / 64) + 0.02), (p.round(3), rate)
+    assert 0.05 < p.mean() < 0.95  # a mixed pass rate, so the check means something

@@ -1,0 +1,115 @@
+"""The answer screen: which scored tasks a round rolls out, its counters and budget, bad scores,
+the route and source checks, and the actor rolling only the tasks it keeps."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore
+from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
+from orchestrator.rollout.screening import ScreeningUnsupportedError
+from orchestrator.rollout.scripted import BernoulliRolloutSource, ScriptedRolloutSource, ScriptedTasks
+
+
+def _core(**policy) -> OrchestratorCore:
+    return OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, answer_screen=True, **policy),
+                            [f"t{i}" for i in range(10)], seed=0)
+
+
+def test_settled_answers_are_skipped_and_a_coin_flip_answer_is_rolled():
+    # n = 8: I(1) = I(0) = 0, I(0.5) = 1 - 2 / 256 = 0.992 -> keep clip(I / 0.5, 0, 1) = 0, 0, 1
+    c = _core(answer_floor=0.0)
+    plan = c.plan_round()
+    ids = plan.task_ids[:3]
+    keep = c.answer_screen(ids, np.array([1.0, 0.0, 0.5]), "b0r0")
+    assert keep.tolist() == [False, False, True]
+
+
+def test_keep_probability_by_hand():
+    # p = 0.95: I = 1 - 0.95**8 - 0.05**8 = 0.336584; keep = I / 0.5 = 0.673168. Over 4,000 draws
+    # (tasks of 400 rounds) the share kept is within 4 standard errors (0.030) of it
+    c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, answer_screen=True), [f"t{i}" for i in range(10)], seed=0)
+    kept = [c.answer_screen([f"t{i}" for i in range(10)], np.full(10, 0.95), f"b{b}r0").mean() for b in range(400)]
+    assert np.mean(kept) == pytest.approx(0.673168, abs=0.030)
+
+
+def test_the_floor_keeps_a_settled_task_sometimes():
+    c = _core(answer_floor=0.25)
+    kept = [c.answer_screen([f"t{i}" for i in range(10)], np.ones(10), f"b{b}r0").mean() for b in range(400)]
+    assert np.mean(kept) == pytest.approx(0.25, abs=0.03)
+
+
+def test_a_skip_costs_no_rollout_and_is_counted():
+    c = _core(answer_floor=0.0, max_rollouts=800)
+    plan = c.plan_round()
+    planned = c.counters["rollouts_planned"]
+    c.answer_screen(plan.task_ids[:3], np.array([1.0, 0.0, 0.5]), "b0r0")
+    s = c.stats()
+    assert (s.answers_scored, s.answer_skips, s.rollouts_total) == (3, 2, 0)
+    assert c.counters["rollouts_planned"] == planned - 2 * 8  # back to the max_rollouts budget
+
+
+def test_skips_size_the_next_round():
+    # 4 tasks skipped, nothing submitted: keep rate (0 + 1) / (0 + 4 + 2) = 1/6, 2 groups missing
+    # -> ceil(2 * 6) = 12 tasks, capped at max_tasks_per_round
+    c = _core(answer_floor=0.0, max_tasks_per_round=10)
+    plan = c.plan_round()
+    c.answer_screen(plan.task_ids[:4], np.zeros(4), "b0r0")
+    assert c.predicted_keep_rate() == pytest.approx(1 / 6)
+    assert len(c.plan_round().task_ids) == 10
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.1, 1.5])
+def test_a_bad_score_is_refused_naming_the_task_and_nothing_is_counted(bad):
+    c = _core()
+    plan = c.plan_round()
+    with pytest.raises(ValueError, match=rf"answer_prob: task '{plan.task_ids[1]}' has"):
+        c.answer_screen(plan.task_ids[:2], np.array([0.5, bad]), "b0r0")
+    assert (c.counters["answers_scored"], c.counters["answer_skips"]) == (0, 0)
+
+
+def test_a_score_count_unlike_the_tasks_is_refused():
+    c = _core()
+    with pytest.raises(ValueError, match="answer_prob: expected 2 values"):
+        c.answer_screen(["t0", "t1"], np.array([0.5]), "b0r0")
+
+
+def test_the_actor_rolls_only_the_tasks_the_screen_keeps():
+    # 4 tasks solved for certain, 4 never, 4 at 0.5: with floor 0 only the 0.5 tasks are rolled,
+    # so the batch of 4 informative groups costs exactly 4 x 8 rollouts
+    from orchestrator.service.actor import Orchestrator
+
+    rates = {**{f"easy{i}": 1.0 for i in range(4)}, **{f"hard{i}": 0.0 for i in range(4)}, **{f"mid{i}": 0.5 for i in range(4)}}
+    orch = Orchestrator({"target_groups": 4, "group_size": 8, "max_epochs": 1, "answer_screen": True, "answer_floor": 0.0,
+                         "max_replenish_rounds": 8, "filter": {"judge": "accuracy"}},
+                        ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=0))
+    batch = asyncio.run(orch.next_batch())
+    s = orch.get_stats()
+    assert sorted(g.task_id for g in batch.groups) == [f"mid{i}" for i in range(4)]
+    assert s.rollouts_total == 32 and s.answers_scored == s.answer_skips + 4 and s.answer_skips >= 1
+    with pytest.raises(DataExhaustedError):
+        asyncio.run(orch.next_batch())
+
+
+def test_a_source_that_cannot_score_is_refused_naming_the_field():
+    from orchestrator.service.actor import Orchestrator
+
+    with pytest.raises(InvalidPolicyError, match="answer_screen: true needs a rollout source that scores answers"):
+        Orchestrator({"target_groups": 1, "group_size": 2, "answer_screen": True}, ScriptedTasks(["a"]),
+                     ScriptedRolloutSource({"a": [[1.0, -1.0]]}))
+
+
+def test_the_answer_screen_can_be_switched_on_by_a_policy_change():
+    from orchestrator.service.actor import Orchestrator
+
+    orch = Orchestrator({"target_groups": 1, "group_size": 8}, ScriptedTasks(["a"]), BernoulliRolloutSource({"a": 0.5}))
+    asyncio.run(orch.set_policy({"answer_screen": True, "answer_keep_at": 0.8}))
+    assert orch.get_policy()["policy"]["answer_screen"] is True
+
+
+def test_a_trinity_run_config_asking_for_the_answer_screen_is_refused():
+    from orchestrator.trinity.attach import AttachConfig
+
+    with pytest.raises(ScreeningUnsupportedError, match="answer_screen: true is not possible through Trinity"):
+        AttachConfig(policy={"group_size": 8, "answer_screen": True}).resampling_policy()
