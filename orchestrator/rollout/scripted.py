@@ -8,8 +8,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from itertools import count
+from typing import TYPE_CHECKING
 
 from orchestrator.core.types import Experience, ExperienceId, Group, Task, UnknownTaskError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class ScriptedTasks:
@@ -123,7 +127,6 @@ class BernoulliRolloutSource:
             )
             for task, row in zip(tasks, correct.tolist(), strict=True)
         ]
-
 
     def answer_probability(self, tasks: list[Task]) -> np.ndarray:
         """(k,) float64: each task's pass rate, exactly (what a model's answer likelihood estimates;
