@@ -28,7 +28,11 @@ _FIELDS = {
     "consec_all_wrong": np.int64,
     "last_model_version": np.int64,
     "skip_until_epoch": np.int64,
+    "answer_prob": np.float64,
+    "answer_prob_version": np.int64,
 }
+_LATER = {"answer_prob", "answer_prob_version"}
+"""Fields added after checkpoints existed: a checkpoint without them loads them as never set."""
 
 
 class TaskHistory:
@@ -39,6 +43,7 @@ class TaskHistory:
         for name, dtype in _FIELDS.items():
             setattr(self, name, np.zeros(num_tasks, dtype=dtype))
         self.last_model_version[:] = -1
+        self.answer_prob_version[:] = -1  # never scored (the answer screen's last p and its model version)
 
     def update(
         self,
@@ -112,6 +117,7 @@ class TaskHistory:
         out = {name: getattr(self, name)[i].item() for name in _FIELDS}
         out["variance"] = None if self.rollouts[i] < 2 else float(self.variance()[i])
         out["pass_rate"] = None if self.rollouts[i] == 0 else float(self.pass_rate()[i])
+        out["answer_prob"] = None if self.answer_prob_version[i] < 0 else float(self.answer_prob[i])
         return out
 
     def state_dict(self) -> dict:
@@ -119,8 +125,11 @@ class TaskHistory:
         return {name: getattr(self, name) for name in _FIELDS}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore from copies of ``state``'s arrays; raises ValueError when one does not match the task count."""
+        """Restore from copies of ``state``'s arrays; raises ValueError when one does not match the task count.
+        A field of :data:`_LATER` missing from ``state`` (an older checkpoint) keeps its initial value."""
         for name, dtype in _FIELDS.items():
+            if name in _LATER and name not in state:
+                continue
             arr = np.array(state[name], dtype=dtype)
             if arr.shape != (self.num_tasks,):
                 raise ValueError(f"history.{name}: expected {self.num_tasks} tasks, got shape {arr.shape}")

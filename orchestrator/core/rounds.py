@@ -274,6 +274,8 @@ class Rounds:
         round skips the same tasks. A skipped task costs no rollout: its planned rollouts go back
         to the ``max_rollouts`` budget, its round counts it as not informative (the next rounds
         are sized for it, :meth:`predicted_keep_rate`), and the pass-rate estimate learns nothing.
+        Each scored task's p and the model version are kept in its history (``GET /v1/tasks/{id}``:
+        ``answer_prob``, ``answer_prob_version``; checkpointed with the history).
 
         Args:
             task_ids: the round's k tasks.
@@ -295,11 +297,14 @@ class Rounds:
         keep_p = keep_probability(1.0 - p**n - (1.0 - p) ** n, pol.answer_keep_at, pol.answer_floor)
         u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p
+        scored = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
+        self.history.answer_prob[scored] = p
+        self.history.answer_prob_version[scored] = self.model_version
+        self._touch(scored)
         c = self.counters
         c["answers_scored"] += len(p)
-        skipped = np.flatnonzero(~keep)
-        if len(skipped):
-            idx = np.array([self.task_index(task_ids[i]) for i in skipped], dtype=np.int64)
+        if (~keep).any():
+            idx = scored[~keep]
             self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
             c["answer_skips"] += len(idx)
             c["rollouts_planned"] -= len(idx) * pol.group_size

@@ -198,6 +198,8 @@ class TaskStats(BaseModel):
     consec_all_wrong: int
     last_model_version: int
     skip_until_epoch: int
+    answer_prob: float | None = Field(None, description="Answer screen: the chance of the exact reference answer when last scored; null if never.")
+    answer_prob_version: int = Field(-1, description="Answer screen: the model version of that score (-1: never scored).")
     estimate: TaskEstimate
     epoch: int = Field(description="The active selection's epoch now.")
     next_eligible_epoch: int = Field(description="First epoch in which the task may be picked (skip-rule cooldown).")

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from algos.dapo import classify_groups
+from orchestrator.core.skip import keep_probability
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 from orchestrator.jobs.results import write_json
 
@@ -114,7 +115,8 @@ def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> Dap
     return DapoTrainConfig.model_validate(data)
 
 
-def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SCREEN_K) -> dict:
+def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SCREEN_K,
+               answer_prob: np.ndarray | None = None, answer_keep: tuple[float, float] = (0.5, 0.05)) -> dict:
     """Rollouts per informative group that ways of choosing tasks spend on one policy, from 2n
     judged rollouts of every task: the first n are what an earlier pass saw of the task (its
     history), the last n the group a rule rolls (its first k the screen). No model of pass rates
@@ -128,7 +130,13 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
     * ``family_skip_screen``: as ``screen``, with the families whose earlier groups were
       informative less than 5 % of the time skipped (what a family prior finds);
     * ``history_skip``: only the tasks whose earlier group was informative rolled in full: what a
-      skip that remembers one earlier group per task (a second pass) can do at best.
+      skip that remembers one earlier group per task (a second pass) can do at best;
+    * ``answer_screen`` (with ``answer_prob``): each task rolled in full with the answer screen's
+      chance ``clip(I / keep_at, floor, 1)``, ``I = 1 - p**n - (1-p)**n`` of its answer probability p
+      (``answer_keep = (keep_at, floor)``, the policy's ``answer_keep_at`` and ``answer_floor``;
+      :meth:`orchestrator.core.rounds.Rounds.answer_screen`): expected
+      cost ``sum(keep) n`` over expected informative groups ``sum(keep * informative)``; the
+      scoring's forward passes are not counted.
 
     Args:
         outcomes: (T, 2n) bool, correct or not.
@@ -155,7 +163,11 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
         "family_skip_screen": (np.where(skip, 0, screen_cost), screened & ~skip),
         "history_skip": (np.where(was, n, 0), full & was),
     }
-    per = {r: float(c.sum() / max(int(y.sum()), 1)) for r, (c, y) in rules.items()}
+    if answer_prob is not None:
+        p = np.asarray(answer_prob, dtype=np.float64)
+        keep = keep_probability(1.0 - p**n - (1.0 - p) ** n, *answer_keep)
+        rules["answer_screen"] = (keep * n, keep * full)
+    per = {r: float(c.sum() / (y.sum() if y.sum() > 0 else 1)) for r, (c, y) in rules.items()}
     return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}
 
 
@@ -193,9 +205,13 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
         for f in sorted(set(fam)):
             r = rate[fam == f]
             row["families"][f] = {"mean": float(r.mean()), "solved": float((r >= 0.9).mean()), "unsolved": float((r <= 0.1).mean())}
+        answer = source.answer_probability(tasks)
+        # how well the answer probability (one forward pass) predicts the pass rate of `samples` rollouts
+        row["answer_prob_corr"] = float(np.corrcoef(answer, rate)[0, 1]) if rate.std() > 0 and answer.std() > 0 else None
         if name == "train" and samples == 2 * cfg.policy.group_size:
             outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
-            row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size)
+            row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer,
+                                           answer_keep=(cfg.policy.answer_keep_at, cfg.policy.answer_floor))
         out[name] = row
     if own:
         ray.kill(engine)

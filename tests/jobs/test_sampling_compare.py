@@ -267,3 +267,15 @@ def test_pass_windows_count_rollouts_and_informative_groups_by_hand():
              {"rollouts": 250, "groups_classified": 6, "dropped": {"all_correct": 4, "all_wrong": 2}},
              {"rollouts": 400, "groups_classified": 3, "dropped": {}}]
     assert pass_windows(steps, 100, count=2) == [{"rollouts": 130, "informative": 6}, {"rollouts": 270, "informative": 3}]
+
+
+def test_pass_costs_of_the_answer_screen_by_hand():
+    # answer probabilities 1, 0.5, 0.95 (n = 8): I = 0, 0.992, 0.3366 -> keep 0.05, 1, 0.6732;
+    # groups: task 0 all correct, tasks 1 and 2 mixed. Expected cost (0.05 + 1 + 0.6732) x 8 over
+    # expected informative groups 1 + 0.6732
+    mixed = [1, 0] * 8
+    out = pass_costs(np.array([[1] * 16, mixed, mixed], dtype=bool), np.array(["f", "f", "f"]), n=8, k=2,
+                     answer_prob=np.array([1.0, 0.5, 0.95]))
+    keep2 = (1 - 0.95**8 - 0.05**8) / 0.5
+    assert out["answer_screen"]["rollouts_per_informative"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2))
+    assert out["answer_screen"]["x_full"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2) / 12)

@@ -113,3 +113,47 @@ def test_a_trinity_run_config_asking_for_the_answer_screen_is_refused():
 
     with pytest.raises(ScreeningUnsupportedError, match="answer_screen: true is not possible through Trinity"):
         AttachConfig(policy={"group_size": 8, "answer_screen": True}).resampling_policy()
+
+
+def test_kept_groups_have_the_filters_mean_the_screen_reads_no_rollout():
+    # pass rate 0.8, n = 8: the filter keeps a group with chance 1 - 0.8**8 - 0.2**8 = 0.8322 and its
+    # kept groups' mean is (0.8 - 0.8**8) / 0.8322 = 0.7597 (DAPO Eq. 11's event); the answer screen
+    # decides from p alone, before the group, so its kept groups have the same mean (a screen of 2
+    # rollouts gives 0.725 here: docs/sampling.md)
+    from orchestrator.service.actor import Orchestrator
+
+    rates = {f"t{i}": 0.8 for i in range(50)}
+    orch = Orchestrator({"target_groups": 8, "group_size": 8, "max_epochs": 8, "answer_screen": True, "answer_keep_at": 1.0,
+                         "filter": {"judge": "accuracy"}},
+                        ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=1))
+    means = []
+    with pytest.raises(DataExhaustedError):
+        while True:
+            batch = asyncio.run(orch.next_batch())
+            means += [np.mean([e.metrics["accuracy"] for e in g.rollouts]) for g in batch.groups if not g.padding]
+    s = orch.get_stats()
+    assert len(means) > 200 and s.answer_skips > 0.1 * s.answers_scored  # keep = I = 0.83: about 17 % skipped
+    assert np.mean(means) == pytest.approx(0.7597, abs=0.02)
+
+
+def test_a_tasks_last_score_is_shown_and_survives_a_checkpoint():
+    c = _core(answer_floor=0.0)
+    c.set_model_version(3)
+    plan = c.plan_round()
+    c.answer_screen(plan.task_ids[:2], np.array([0.25, 1.0]), "b0r0")
+    row = c.task_stats(plan.task_ids[0])
+    assert (row.answer_prob, row.answer_prob_version) == (0.25, 3)
+    assert c.task_stats(plan.task_ids[2]).answer_prob is None  # planned, not scored
+    again = _core(answer_floor=0.0)
+    again.load_state_dict(c.state_dict())
+    assert again.task_stats(plan.task_ids[1]).answer_prob == 1.0
+
+
+def test_a_checkpoint_from_before_the_answer_screen_loads_as_never_scored():
+    c = _core()
+    state = c.state_dict()
+    for key in ("answer_prob", "answer_prob_version"):
+        del state["history"][key]
+    again = _core()
+    again.load_state_dict(state)
+    assert again.task_stats("t0").answer_prob is None and again.task_stats("t0").answer_prob_version == -1
