@@ -158,6 +158,9 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         self.batch_id = 0
         self.rounds_started = 0  # rounds planned for the open batch (cap, same_tasks)
         self.rounds_submitted = 0  # rounds submitted into the open batch (purpose, counters)
+        # the answer screen's tally of the round being planned (Rounds.answer_top_up); not kept in
+        # checkpoints: it lives from plan_round to the round's rollouts, within one next_batch call
+        self.answer_tally: dict[str, float] = {"scored": 0, "expected": 0.0}
         self.dropped_task_ids: list[str] = []
         # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
         self.in_flight: list[str] = []

@@ -99,12 +99,8 @@ class BatchHandOut:
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
             tag = f"b{plan.batch_id}r{plan.round}"
-            if answer_screen and tasks:  # score the answers, then roll only the tasks the screen keeps
-                prob = await asyncio.to_thread(self.rollout_source.answer_probability, tasks)
-                async with self._lock:
-                    keep = self.core.answer_screen(plan.task_ids, prob, tag)
-                tasks = [t for t, k in zip(tasks, keep) if k]
-                screening = ScreenPlan(*(x[keep] for x in (screening.screen, screening.go_if_correct, screening.go_if_wrong)))
+            if answer_screen and tasks:
+                tasks, screening = await self._answer_screen(tasks, tag)
             groups, screens = await asyncio.to_thread(self._roll, tasks, version, tag, screening)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
@@ -115,6 +111,23 @@ class BatchHandOut:
                 await self._submit(groups, emit=False)
                 mine = self.commits.pending
             await self.commits.durable(mine)
+
+    async def _answer_screen(self, tasks: list, tag: str) -> tuple[list, ScreenPlan]:
+        """The answer screen of a planned round (``policy.answer_screen``): score the tasks' answers
+        (off the lock), keep what :meth:`~orchestrator.core.rounds.Rounds.answer_screen` keeps, and
+        top the round up (:meth:`~orchestrator.core.rounds.Rounds.answer_top_up`) until the kept
+        tasks are expected to fill the batch; returns the tasks to roll and their screen plan."""
+        kept: list = []
+        pending, part = tasks, 0
+        while pending:
+            prob = await asyncio.to_thread(self.rollout_source.answer_probability, pending)
+            async with self._lock:
+                keep = self.core.answer_screen([t.task_id for t in pending], prob, tag if part == 0 else f"{tag}.{part}")
+                kept += [t for t, k in zip(pending, keep) if k]
+                pending = [self.task_set.get(t) for t in self.core.answer_top_up()]
+            part += 1
+        async with self._lock:
+            return kept, self.core.screen_plan([t.task_id for t in kept])
 
     async def pop_batch(self, call_id: str | None = None) -> Batch | None:
         """The oldest emitted batch not yet handed out, if any (never blocks, never rolls out).

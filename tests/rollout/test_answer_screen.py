@@ -157,3 +157,34 @@ def test_a_checkpoint_from_before_the_answer_screen_loads_as_never_scored():
     again = _core()
     again.load_state_dict(state)
     assert again.task_stats("t0").answer_prob is None and again.task_stats("t0").answer_prob_version == -1
+
+
+def test_the_round_is_topped_up_until_the_kept_tasks_are_expected_to_fill_the_batch():
+    # 2 groups missing; 3 planned tasks all solved (I = 0, skipped): 0 expected, no rate yet, so
+    # ceil(2 / min_keep_rate 0.1) = 20 more, capped at max_tasks_per_round 8 minus the 3 scored: 5
+    c = _core(answer_floor=0.0, max_tasks_per_round=8)
+    plan = c.plan_round()
+    first = plan.task_ids[:3]
+    c.answer_screen(first, np.ones(3), "b0r0")
+    more = c.answer_top_up()
+    assert len(more) == 5 and not set(more) & set(plan.task_ids)
+    c.answer_screen(more, np.full(5, 0.5), "b0r0.1")  # 5 x 0.992 expected >= 2 missing
+    assert c.answer_top_up() == []
+
+
+def test_no_top_up_once_the_kept_tasks_are_expected_to_fill_the_batch():
+    c = _core(answer_floor=0.0)
+    plan = c.plan_round()
+    c.answer_screen(plan.task_ids[:3], np.array([0.5, 0.5, 1.0]), "b0r0")  # expected 1.98 < 2: one more
+    assert len(c.answer_top_up()) == 1  # rate 1.984 / 3 per task: ceil(0.016 / 0.661) = 1
+
+
+def test_the_actor_fills_a_batch_in_one_round_when_the_screen_keeps_enough():
+    from orchestrator.service.actor import Orchestrator
+
+    rates = {**{f"easy{i}": 1.0 for i in range(4)}, **{f"hard{i}": 0.0 for i in range(4)}, **{f"mid{i}": 0.5 for i in range(4)}}
+    orch = Orchestrator({"target_groups": 4, "group_size": 8, "max_epochs": 1, "answer_screen": True, "answer_floor": 0.0,
+                         "filter": {"judge": "accuracy"}},
+                        ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=0))
+    batch = asyncio.run(orch.next_batch())
+    assert batch.rounds == 0 and sorted(g.task_id for g in batch.groups) == [f"mid{i}" for i in range(4)]
