@@ -97,9 +97,9 @@ class AttachConfig(BaseModel):
         policy = ResamplingPolicy.parse({**self.policy, **self.pinned})
         check_route(policy.screen_rollouts, "trinity")
         if policy.answer_screen:
-            raise ScreeningUnsupportedError("answer_screen: true is not possible through Trinity: the orchestrator hands tasks to "
-                             "Trinity's explorer and does not hold its engine, so it cannot score answers before they "
-                             "are rolled out; set answer_screen: false")
+            raise ScreeningUnsupportedError(
+                "answer_screen: true is not possible through Trinity: the orchestrator hands tasks to Trinity's explorer "
+                "and does not hold its engine, so it cannot score answers before they are rolled out; set answer_screen: false")
         return policy
 
 
