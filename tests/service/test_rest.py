@@ -97,6 +97,14 @@ def test_invalid_patch_is_422_naming_the_field_and_changes_nothing(orch, http):
         assert http.get("/v1/policy").json() == before
 
 
+def test_an_answer_screen_the_source_cannot_serve_is_422_and_changes_nothing(orch, http):
+    # the scripted source has no answer_probability: it cannot score answers
+    before = http.get("/v1/policy").json()
+    r = http.patch("/v1/policy", json={"answer_screen": True}, headers=AUTH)
+    assert r.status_code == 422 and "answer_screen: true needs a rollout source that scores answers" in r.json()["message"]
+    assert http.get("/v1/policy").json() == before
+
+
 def test_invalid_put_is_422(orch, http):
     whole = http.get("/v1/policy").json()["policy"]
     r = http.put("/v1/policy", json=whole | {"group_size": 0}, headers=AUTH)
