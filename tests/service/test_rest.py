@@ -134,7 +134,7 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
 def test_a_patch_of_gets_whole_body_is_422_saying_to_send_its_policy_object(orch, http):
     assert refused(http, "PATCH", http.get("/v1/policy").json()).startswith(
         'send the "policy" object of GET /v1/policy, not its whole body. '
-        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: cooldown_epochs, "
+        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: answer_floor, "
     )
 
 
@@ -153,7 +153,8 @@ def test_a_rejected_value_is_quoted_in_the_message(orch, http):
 
 def test_an_unknown_field_is_answered_with_the_valid_ones(orch, http):
     message = refused(http, "PATCH", {"target_grups": 8})
-    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: cooldown_epochs, filter, group_size, ")
+    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: answer_floor, answer_keep_at, answer_screen, "
+                              "cooldown_epochs, filter, group_size, ")
     assert "target_groups" in message
 
 
