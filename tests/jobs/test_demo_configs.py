@@ -38,3 +38,14 @@ def test_the_selection_comparison_configs_differ_only_in_selection_and_output():
     assert inf.policy.selection == "informative" and epoch.policy.selection == "epoch"
     assert inf.policy.model_copy(update={"selection": "epoch"}) == epoch.policy
     assert inf.rollout_budget == epoch.rollout_budget == 12000
+
+
+def test_the_answer_screen_config_differs_from_epoch_only_in_the_screen_and_output():
+    from orchestrator.jobs.dapo_train import DapoTrainConfig
+
+    screen = load_yaml_model(EXAMPLES / "train_answer_screen.yaml", DapoTrainConfig)
+    epoch = load_yaml_model(EXAMPLES / "train_epoch.yaml", DapoTrainConfig)
+    assert screen.policy.answer_screen and not epoch.policy.answer_screen
+    assert screen.policy.model_copy(update={"answer_screen": False}) == epoch.policy
+    assert screen.rollout_budget == epoch.rollout_budget and screen.out_dir != epoch.out_dir
+
