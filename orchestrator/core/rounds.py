@@ -18,7 +18,7 @@ import numpy as np
 
 from orchestrator.core.errors import short_repr
 from orchestrator.core.modes import REPLENISH
-from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness
+from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness, plugin_informativeness
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
 from orchestrator.core.skip import keep_probability
@@ -269,7 +269,7 @@ class Rounds:
 
         A task is rolled out with probability ``clip(I / answer_keep_at, answer_floor, 1)``,
         ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with pass rate p is
-        informative (DAPO Eq. 11's event under a binomial), and the clip the keep rule of
+        informative (DAPO Eq. 11's event under a binomial, :func:`~orchestrator.core.passrate.plugin_informativeness`), and the clip the keep rule of
         ``predicted_skip`` (:func:`orchestrator.core.skip.keep_probability`).
         The draw is counter-based (``default_rng([seed, 5, crc32(round_tag)])``), so a replayed
         round skips the same tasks. A skipped task costs no rollout: its planned rollouts go back
@@ -294,8 +294,7 @@ class Rounds:
         if len(bad):
             raise ValueError(f"answer_prob: task {task_ids[bad[0]]!r} has {p[bad[0]]!r}, expected a probability in [0, 1]")
         pol = self.policy
-        n = pol.group_size
-        informative = 1.0 - p**n - (1.0 - p) ** n
+        informative = plugin_informativeness(p, pol.group_size)
         keep_p = keep_probability(informative, pol.answer_keep_at, pol.answer_floor)
         u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from algos.dapo import classify_groups
+from orchestrator.core.passrate import plugin_informativeness
 from orchestrator.core.skip import keep_probability
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 from orchestrator.jobs.results import write_json
@@ -164,8 +165,7 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
         "history_skip": (np.where(was, n, 0), full & was),
     }
     if answer_prob is not None:
-        p = np.asarray(answer_prob, dtype=np.float64)
-        keep = keep_probability(1.0 - p**n - (1.0 - p) ** n, *answer_keep)
+        keep = keep_probability(plugin_informativeness(answer_prob, n), *answer_keep)
         rules["answer_screen"] = (keep * n, keep * full)
     per = {r: float(c.sum() / (y.sum() if y.sum() > 0 else 1)) for r, (c, y) in rules.items()}
     return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}

@@ -41,6 +41,7 @@ import dataclasses
 import numpy as np
 
 from algos.dapo import classify_groups
+from orchestrator.core.passrate import plugin_informativeness
 from orchestrator.core.types import Group, Task
 
 
@@ -63,9 +64,7 @@ def check_route(screen_rollouts: int, route: str) -> None:
 
 def keep_probability(p: np.ndarray, n: int, k: int | None = None) -> np.ndarray:
     """Chance a group is kept: ``1 - p**m - (1-p)**m`` with m = k (screen) or n (filter, k None)."""
-    m = n if k is None else k
-    p = np.asarray(p, dtype=np.float64)
-    return 1.0 - p**m - (1.0 - p) ** m
+    return plugin_informativeness(p, n if k is None else k)
 
 
 def kept_group_mean(p: np.ndarray, n: int, k: int | None = None) -> np.ndarray:

@@ -83,8 +83,9 @@ class BatchHandOut:
                         self._batch_started = time.monotonic()
                     plan = self.core.plan_round()
                     version = self.core.model_version
-                    screening = self.core.screen_plan(plan.task_ids)
                     answer_screen = self.core.policy.answer_screen
+                    # with the answer screen, the screen plan is made for the tasks it keeps
+                    screening = None if answer_screen else self.core.screen_plan(plan.task_ids)
                 if out is not None:
                     self._remember(call_id, [out])
                 mine = self.commits.pending
@@ -99,7 +100,7 @@ class BatchHandOut:
             # the rollouts run without the lock: policy, stats and pings are answered meanwhile
             tasks = [self.task_set.get(t) for t in plan.task_ids]
             tag = f"b{plan.batch_id}r{plan.round}"
-            if answer_screen and tasks:
+            if answer_screen:
                 tasks, screening = await self._answer_screen(tasks, tag)
             groups, screens = await asyncio.to_thread(self._roll, tasks, version, tag, screening)
             for g in groups:
