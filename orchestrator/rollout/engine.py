@@ -172,6 +172,8 @@ class VLLMEngine:
         other responses that the task's scorer accepts, the pass rate is higher (this is then a
         lower bound).
 
+        Returns:
+            P floats, log-probabilities in nats (<= 0), one per prompt.
         Raises:
             ValueError: ``answers`` and ``prompts`` differ in length.
         """
