@@ -338,10 +338,11 @@ class Rounds:
             return []
         rate = tally["expected"] / tally["scored"] if tally["scored"] else 0.0
         count = min(math.ceil(short / max(self.policy.min_keep_rate, rate)), cap - tally["scored"])
-        ids = self._draw_tasks(self._affordable(count))
+        ctx = self._context()  # one pass-rate prediction for the draw and the round's record
+        ids = self._draw_tasks(self._affordable(count), ctx=ctx)
         if ids:
             self.counters["rollouts_planned"] += len(ids) * self.policy.group_size
-            self._extend_round(np.array([self._index[t] for t in ids], dtype=np.int64), self.predicted_informative())
+            self._extend_round(np.array([self._index[t] for t in ids], dtype=np.int64), ctx.informative)
         return ids
 
     def _extend_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
