@@ -148,11 +148,13 @@ class VLLMEngine:
         """Teacher-forced log-probs of ``sequences[i][prompt_lengths[i]:]`` under the engine's weights.
 
         Uses vLLM's ``prompt_logprobs`` (raw log-softmax of the logits, nats): one forward pass
-        over each sequence, nothing sampled.
+        over each sequence, nothing sampled. ``detokenize=False``: only token ids are read, and
+        decoding every position's token text took about a tenth of a short score (measured with
+        the comparison's tiny policy: 11.2 against 12.6 ms for 25 tasks, same log-probs).
         """
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
         result = []
         for seq, p, out in zip(sequences, prompt_lengths, outs):

@@ -47,6 +47,13 @@ def engine(ray_local, model_dir):
     ray.kill(handle)
 
 
+@pytest.fixture
+def warm_engine(engine, model_dir):
+    """The engine with the warm start's weights again (tests before may have synced trained ones)."""
+    ray.get(engine.load_weights.remote(PolicyTrainer(model_dir, TrainerConfig()).named_weights()), timeout=120)
+    return engine
+
+
 @pytest.fixture(scope="module")
 def groups(engine, tasks):
     source = VLLMRolloutSource(engine, tasks[0], SamplingConfig(max_tokens=5, seed=0))
@@ -183,10 +190,13 @@ def decode(ids: list[int]) -> str:
     return "".join(CHARS[i - len(SPECIALS)] for i in ids)
 
 
-def test_answer_probability_is_the_chance_of_sampling_that_answer(engine, groups):
+def test_answer_probability_is_the_chance_of_sampling_that_answer(warm_engine, tasks):
     # teacher forcing through the chat template, the answer's tokens and EOS gives exactly the
     # log-probability the engine sampled each finished response with (temperature 1)
     # (responses of characters only: a sampled <pad> or <unk> has no text to score)
+    engine = warm_engine
+    source = VLLMRolloutSource(engine, tasks[0], SamplingConfig(max_tokens=5, seed=0))
+    groups = source.generate(list(tasks[0])[:8], 8, model_version=0, round_tag="answer")
     finished = [e for g in groups for e in g.rollouts
                 if e.info["finish_reason"] == "stop" and min(e.tokens[e.prompt_length : -1], default=99) >= len(SPECIALS)][:16]
     prompts = [[{"role": "user", "content": decode(e.tokens[: e.prompt_length - 1])}] for e in finished]
@@ -196,11 +206,11 @@ def test_answer_probability_is_the_chance_of_sampling_that_answer(engine, groups
     assert got == pytest.approx([sum(e.logprobs) for e in finished], abs=1e-4)
 
 
-def test_answer_probability_of_a_task_is_its_pass_rate(engine, tasks):
+def test_answer_probability_of_a_task_is_its_pass_rate(warm_engine, tasks):
     # the chance of the exact answer + EOS against the pass rate of 64 rollouts per task: within
     # 4 standard errors (plus 0.02) on every one of 8 tasks
     train = tasks[0]
-    source = VLLMRolloutSource(engine, train, SamplingConfig(max_tokens=5, seed=1))
+    source = VLLMRolloutSource(warm_engine, train, SamplingConfig(max_tokens=5, seed=1))
     some = list(train)[:8]
     p = source.answer_probability(some)
     rate = np.array([np.mean([e.metrics["accuracy"] for e in g.rollouts]) for g in source.generate(some, 64, round_tag="pr")])
