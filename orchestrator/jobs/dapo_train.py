@@ -18,6 +18,7 @@ import json
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -237,7 +238,11 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
         useful_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups
                              if not g.padding and g.reason == "informative" for e in g.rollouts)
-        tasks_trained.update(g.task_id for g in batch.groups if not g.padding and g.reason == "informative")
+        informative = [g for g in batch.groups if not g.padding and g.reason == "informative"]
+        tasks_trained.update(g.task_id for g in informative)
+        # what the step learned from: its informative groups by task family and by correct rollouts in the group
+        by_family = Counter(train.get(g.task_id).meta.get("family", "") for g in informative)
+        by_correct = Counter(str(sum(e.metrics.get("accuracy", 0.0) > 0 for e in g.rollouts)) for g in informative)
         train_s = time.monotonic() - t1
         step += 1
         sync_row: dict[str, float] = {}
@@ -277,6 +282,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             "keep_rate": kept / classified if classified else math.nan, "groups_classified": classified,
             "dropped": dropped, "reward_all": reward_all, "reward_kept": reward_kept,
             "batch_rounds": batch.rounds, "batch_padding": batch.num_padding, "distinct_tasks_trained": len(tasks_trained),
+            "informative_by_family": dict(by_family), "informative_by_correct": dict(by_correct),
             # answers scored by the answer screen so far (one forward pass each, not rollouts)
             "answers_scored": stats.get("answers_scored", 0) if ref_loop is None and cfg.dynamic_sampling else 0,
             "rollout_seconds": rollout_s, "train_seconds": train_s,

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
 from orchestrator.jobs.sampling_compare import (
     ARMS,
+    FAMILIES,
     arm_config,
     by_pass_table,
     paired_ratio,
@@ -222,6 +223,12 @@ def test_two_arm_smoke_writes_the_comparison(tmp_path):
     assert "- epoch: s1: 0;" in out["markdown"] and data["rows"][0]["per_seed"][0]["seed"] == 1
     screening = json.loads((tmp_path / "screening-s1" / "train.json").read_text(), parse_constant=_refuse)  # strict JSON
     assert screening["stats"]["screens"] > 0
+    # what each step learned from: informative groups (1 to 7 correct of 8) by family and by correct rollouts
+    steps = json.loads((tmp_path / "epoch-s1" / "train.json").read_text())["steps"]
+    fams = [n for s in steps for n in s["informative_by_family"].values()]
+    correct = {k: n for s in steps for k, n in s["informative_by_correct"].items()}
+    assert sum(fams) == sum(n for s in steps for n in s["informative_by_correct"].values()) > 0
+    assert set(correct) <= {str(k) for k in range(1, 8)} and {k for s in steps for k in s["informative_by_family"]} <= set(FAMILIES)
 
 
 def test_pass_costs_count_rollouts_per_informative_group_by_hand():
