@@ -261,6 +261,8 @@ class PassRateEstimate:
         self.first_rate = np.zeros(num_tasks, dtype=np.float64)
         self.first_informative = np.zeros(num_tasks, dtype=np.float64)
         self.first_version = np.full(num_tasks, -1, dtype=np.int64)
+        self._changes = 0  # bumped by every change of the evidence: the key of the priors' cache
+        self._priors_cache: tuple[tuple, tuple[np.ndarray, np.ndarray]] | None = None
 
     def task_tags(self) -> list[str] | None:
         """The tags given at construction (None when there was one tag)."""
@@ -286,6 +288,7 @@ class PassRateEstimate:
         Each task's counts move to the newest version among its old counts and new groups
         (older evidence decayed to it); a group from an older version enters decayed too.
         """
+        self._changes += 1
         t = np.asarray(task_idx, dtype=np.int64)
         v = np.asarray(versions, dtype=np.int64)
         c = np.asarray(correct, dtype=np.float64)
@@ -314,6 +317,7 @@ class PassRateEstimate:
     def discount(self, task_idx: np.ndarray, factor: float) -> None:
         """Multiply the evidence of tasks ``task_idx`` ((G,) int64; a repeat discounts again) by
         ``factor`` in [0, 1], e.g. when their groups are trained on (their pass rate moves)."""
+        self._changes += 1
         t = np.asarray(task_idx, dtype=np.int64)
         uniq = np.unique(t)
         w = np.ones(uniq.size, dtype=np.float64)
@@ -348,8 +352,22 @@ class PassRateEstimate:
         return fit_prior_to_informative_share(mean, share, n)
 
     def priors(self, model_version: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(a0, b0): (T,) float64 each, every task's prior: its tag's (fitted to that tag's tasks,
-        once :data:`MIN_TAG_TASKS` of them were seen), else the population's (:meth:`prior`)."""
+        """(a0, b0): (T,) float64 each, read-only, every task's prior: its tag's (fitted to that
+        tag's tasks, once :data:`MIN_TAG_TASKS` of them were seen), else the population's
+        (:meth:`prior`).
+
+        Kept until the evidence, the model version, n or the settings change: a fit scans
+        :data:`PRIOR_GRID` strengths per tag, and a round asks for the priors several times
+        between two changes (the answer screen's top-ups: about two thirds of the actor's time in
+        a comparison run went to refitting the same priors)."""
+        key = (model_version, n, self.half_life, self.prior_fit, self._changes)
+        if self._priors_cache is None or self._priors_cache[0] != key:
+            a0, b0 = self._fit_priors(model_version, n)
+            a0.flags.writeable = b0.flags.writeable = False
+            self._priors_cache = (key, (a0, b0))
+        return self._priors_cache[1]
+
+    def _fit_priors(self, model_version: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         pop = self.prior(model_version, n)
         if len(self.tag_names) == 1:
             return np.full(self.num_tasks, pop[0]), np.full(self.num_tasks, pop[1])
@@ -396,6 +414,7 @@ class PassRateEstimate:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from copies of ``state``'s arrays; raises ValueError when one does not match the task count."""
+        self._changes += 1
         for name, dtype in self.STATE.items():
             arr = np.array(state[name], dtype=dtype)
             if arr.shape != (self.num_tasks,):

@@ -231,3 +231,34 @@ def test_a_tag_with_too_few_seen_tasks_uses_the_population_prior():
     est.observe(np.array([0, 1, 3]), np.array([8, 8, 0]), np.full(3, 8), np.zeros(3, dtype=bool), np.zeros(3, dtype=np.int64))
     a0, b0 = est.priors(0, 8)
     assert (a0[2], b0[2]) == pytest.approx(est.prior(0, 8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["informative_share", "moments"]),
+       st.lists(st.tuples(st.sampled_from(["observe", "discount", "half_life", "load", "read"]), st.integers(0, 7),
+                          st.integers(0, 4), st.integers(0, 5)), min_size=1, max_size=14))
+def test_kept_priors_equal_a_fresh_fit_after_every_change(prior, ops):
+    # the priors are kept between changes; whatever changes, they equal a fit from scratch
+    tags = ["a", "a", "a", "b", "b", "b", "c", "c"]
+    est = PassRateEstimate(8, half_life=4.0, prior=prior, tags=tags)
+    for op, task, correct, version in ops:
+        if op == "observe":
+            est.observe(np.array([task]), np.array([correct]), np.array([4]), np.array([0 < correct < 4]), np.array([version]))
+        elif op == "discount":
+            est.discount(np.array([task]), 0.5)
+        elif op == "half_life":
+            est.half_life = float(version + 1)
+        elif op == "load":
+            other = PassRateEstimate(8, half_life=4.0, prior=prior, tags=tags)
+            other.observe(np.array([task]), np.array([correct]), np.array([4]), np.array([True]), np.array([0]))
+            est.load_state_dict({k: v.copy() for k, v in other.state_dict().items()})
+        kept = est.priors(version, 4)
+        fresh = est._fit_priors(version, 4)
+        assert kept[0].tobytes() == fresh[0].tobytes() and kept[1].tobytes() == fresh[1].tobytes()
+
+
+def test_kept_priors_are_read_only():
+    est = PassRateEstimate(3, tags=["a", "a", "b"])
+    a0, _ = est.priors(0, 4)
+    with pytest.raises(ValueError):
+        a0[0] = 1.0
