@@ -235,10 +235,9 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         # the step is counted and marked, the weights stay as they are
         metrics = trainer.train_batch(batch) if has_trainable(batch) else {"train_skipped": 1.0}
         # response tokens of the groups trained on, and of those with a non-zero advantage (informative)
-        trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
-        useful_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups
-                             if not g.padding and g.reason == "informative" for e in g.rollouts)
         informative = [g for g in batch.groups if not g.padding and g.reason == "informative"]
+        trained_tokens += sum(len(e.tokens) - e.prompt_length for g in batch.groups if not g.padding for e in g.rollouts)
+        useful_tokens += sum(len(e.tokens) - e.prompt_length for g in informative for e in g.rollouts)
         tasks_trained.update(g.task_id for g in informative)
         # what the step learned from: its informative groups by task family and by correct rollouts in the group
         by_family = Counter(train.get(g.task_id).meta.get("family", "") for g in informative)
