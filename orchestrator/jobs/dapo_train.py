@@ -83,6 +83,9 @@ class DapoTrainConfig(BaseModel):
         None, description="Instead of every eval_every batches: evaluate after the first batch at or past each of these "
         "rollout counts (arms whose batches cost different rollouts are then evaluated on one grid).")
     eval_samples: int = Field(4, ge=1, description="k of avg@k on the held-out tasks.")
+    eval_samples_between: int | None = Field(
+        None, ge=0, description="k of avg@k at the evaluations between the first and the last (None: eval_samples; "
+        "0: none there, only the expected accuracy, which needs a source that scores answers).")
     sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
 
     @field_validator("eval_at_rollouts")
@@ -116,14 +119,36 @@ def task_sets(cfg: DapoTrainConfig) -> tuple[Any, Any, Any]:
 
 
 def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, Any]:
-    groups = source.generate(tasks, k, model_version=version, round_tag=tag)
-    acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
+    """Held-out evaluation: ``heldout_acc`` (avg@k, k sampled responses per task at the rollout
+    temperature, DAPO's avg@32 on AIME) and, where the source scores answers, ``heldout_expected_acc``:
+    the mean over tasks of p, the chance that one response is exactly the reference answer
+    (:meth:`VLLMRolloutSource.answer_probability`, one forward pass per task, nothing sampled).
+
+    avg@k is an estimate of the mean pass rate with a sampling error of its own (about one point
+    at k = 4 on 300 tasks); p is each task's pass rate itself where the scorer accepts only the
+    exact answer (otherwise a lower bound: docs/sampling.md, "When p is the pass rate"), so
+    ``heldout_expected_acc`` is the expectation of avg@k, without its sampling error. The scoring
+    samples nothing seeded, so the training rollouts are those of a run without it. ``k = 0``: the
+    expected accuracy alone (no ``heldout_acc``).
+    """
+    if not k and not hasattr(source, "answer_probability"):
+        raise ValueError(f"eval_samples_between: 0 needs a held-out source that scores answers; {type(source).__name__} cannot")
     family = [t.meta.get("family", t.kind) for t in tasks]
-    by_family = {f: float(acc[[i for i, x in enumerate(family) if x == f]].mean()) for f in sorted(set(family))}
-    lengths = np.array([[r.metrics["response_length"] for r in g.rollouts] for g in groups])
-    truncated = np.array([[r.info["finish_reason"] == "length" for r in g.rollouts] for g in groups])
-    return {"heldout_acc": float(acc.mean()), "heldout_acc_by_family": by_family, "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
-            "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
+    rows = {f: [i for i, x in enumerate(family) if x == f] for f in sorted(set(family))}
+    out: dict[str, Any] = {"heldout_tokens": 0, "_groups": []}
+    if k:
+        groups = source.generate(tasks, k, model_version=version, round_tag=tag)
+        acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
+        lengths = np.array([[r.metrics["response_length"] for r in g.rollouts] for g in groups])
+        truncated = np.array([[r.info["finish_reason"] == "length" for r in g.rollouts] for g in groups])
+        out = {"heldout_acc": float(acc.mean()), "heldout_acc_by_family": {f: float(acc[i].mean()) for f, i in rows.items()},
+               "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
+               "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
+    if hasattr(source, "answer_probability"):
+        p = source.answer_probability(tasks)
+        out["heldout_expected_acc"] = float(p.mean())
+        out["heldout_expected_acc_by_family"] = {f: float(p[i].mean()) for f, i in rows.items()}
+    return out
 
 
 def start_engine(model_dir: Any, seed: int = 0) -> Any:
@@ -292,9 +317,11 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             due = True
             while grid < len(cfg.eval_at_rollouts) and rollouts >= cfg.eval_at_rollouts[grid]:
                 grid += 1
-        if due or rollouts >= cfg.rollout_budget:
+        if due or rollouts >= cfg.rollout_budget or step >= cfg.max_steps:
             t2 = time.monotonic()
-            ev = _evaluate(held_source, held_tasks, cfg.eval_samples, version, f"eval{step}")
+            last = rollouts >= cfg.rollout_budget or step >= cfg.max_steps
+            between = cfg.eval_samples if cfg.eval_samples_between is None else cfg.eval_samples_between
+            ev = _evaluate(held_source, held_tasks, cfg.eval_samples if last else between, version, f"eval{step}")
             ev.pop("_groups")
             eval_tokens += ev["heldout_tokens"]
             generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
@@ -303,7 +330,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
                           "train_wall_seconds": row["wall_seconds"] - eval_seconds, "generated_tokens": generated,
                           "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, **ev})
             eval_seconds += time.monotonic() - t2
-            row["heldout_acc"] = ev["heldout_acc"]
+            row.update({k: ev[k] for k in ("heldout_acc", "heldout_expected_acc") if k in ev})
         steps.append(row)
         actor.report_training.remote(step, {k: v for k, v in row.items() if not isinstance(v, dict)})
         if progress is not None:
@@ -324,6 +351,8 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         "wall_seconds": round(time.monotonic() - started, 1),
         "start_heldout_acc": evals[0]["heldout_acc"],
         "end_heldout_acc": evals[-1]["heldout_acc"],
+        "start_heldout_expected_acc": evals[0].get("heldout_expected_acc"),
+        "end_heldout_expected_acc": evals[-1].get("heldout_expected_acc"),
         "steps_done": len(steps),
         "eval_seconds": round(eval_seconds, 1),
         "generated_tokens": generated,

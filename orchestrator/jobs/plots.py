@@ -31,7 +31,10 @@ def plot_training(summary: dict, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
     a = ax[0, 0]
-    a.plot([e["rollouts"] for e in evals], [e["heldout_acc"] for e in evals], "o-", label="held-out accuracy (avg@k)")
+    for key, label in (("heldout_acc", "held-out accuracy (avg@k)"), ("heldout_expected_acc", "held-out accuracy (expected)")):
+        x, y = _series(evals, key)
+        if len(x):
+            a.plot(x, y, "o-", label=label)
     x, y = _series(steps, "accuracy_mean")
     a.plot(x, y, alpha=0.5, label="train batch accuracy")
     a.set_xlabel("rollouts generated")

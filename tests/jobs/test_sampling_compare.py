@@ -73,7 +73,7 @@ def test_every_arm_builds_a_valid_config(tmp_path):
     for arm in ARMS:
         cfg = arm_config(arm, 1, tmp_path)
         assert cfg.seed == 1 and cfg.task == "mix"
-    assert arm_config("informative_screen", 0, tmp_path).policy.screen_rollouts == 2
+    assert arm_config("screening", 0, tmp_path).policy.screen_rollouts == 2 and arm_config("answer_screen", 0, tmp_path).policy.answer_screen
 
 
 def test_the_cli_help_lists_every_arm_in_order():
@@ -82,11 +82,15 @@ def test_the_cli_help_lists_every_arm_in_order():
     assert [a.strip() for a in SAMPLING_ARMS.split(",")] == list(ARMS)
 
 
+def ev(step: int, rollouts: int, acc: float, sampled: float | None = None, **more) -> dict:
+    """An evaluation row: expected accuracy ``acc`` (the crossings' key) and avg@4 ``sampled`` (default: the same)."""
+    return {"step": step, "rollouts": rollouts, "heldout_expected_acc": acc, "heldout_acc": acc if sampled is None else sampled, **more}
+
+
 def test_summary_reads_the_first_crossing():
-    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3},
-             {"step": 4, "rollouts": 400, "heldout_acc": 0.45, "train_wall_seconds": 10.0},
-             {"step": 8, "rollouts": 900, "heldout_acc": 0.52, "train_wall_seconds": 21.0},
-             {"step": 12, "rollouts": 1300, "heldout_acc": 0.49, "train_wall_seconds": 30.0}]
+    # expected accuracy (the crossings' key) 0.30, 0.45, 0.52, 0.49; avg@4 0.31, 0.51, 0.48, 0.50
+    evals = [ev(0, 0, 0.3, 0.31), ev(4, 400, 0.45, 0.51, train_wall_seconds=10.0),
+             ev(8, 900, 0.52, 0.48, train_wall_seconds=21.0), ev(12, 1300, 0.49, 0.50, train_wall_seconds=30.0)]
     # 12 steps of 0.5 s rollouts + 0.25 s training + 0.2 s sync + 0.05 s verify = 1 s each
     steps = [{"step": i + 1, "rollout_seconds": 0.5, "train_seconds": 0.25, "sync_seconds": 0.2, "verify_seconds": 0.05}
              for i in range(12)]
@@ -94,6 +98,8 @@ def test_summary_reads_the_first_crossing():
          "rollouts_per_emitted_group": 13.0, "wall_seconds": 40.0}
     r = run_summary(s, 0.2)  # target 0.3 + 0.2: first reached at step 8
     assert (r["to_target_rollouts"], r["to_target_seconds"], r["to_target_wall_seconds"], r["final"]) == (900, 8.0, 21.0, 0.49)
+    # avg@4 (0.51 at step 4 would be a crossing by it) decides nothing; its start and end are kept
+    assert (r["sampled_start"], r["sampled_final"]) == (0.31, 0.5)
     rows, md = table({"epoch": [r, {**r, "to_target_rollouts": 1100, "final": 0.51}],
                       "a": [{**r, "to_target_rollouts": 500, "to_target_seconds": 6.0}]}, 0.2)
     assert rows[0]["to_target_rollouts"]["mean"] == 1000 and rows[0]["to_target_rollouts"]["std"] == pytest.approx(141.42, abs=0.01)
@@ -106,8 +112,7 @@ def test_summary_reads_where_the_crossing_falls():
     # 4 steps, each 5 groups of 4 classified, 2 dropped (3 informative), 2 new tasks trained per step
     steps = [{"step": i + 1, "rollouts": 20 * (i + 1), "groups_classified": 5, "dropped": {"all_correct": 1, "all_wrong": 1},
               "distinct_tasks_trained": 2 * (i + 1)} for i in range(4)]
-    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3}, {"step": 3, "rollouts": 60, "heldout_acc": 0.4},
-             {"step": 4, "rollouts": 80, "heldout_acc": 0.41}]
+    evals = [ev(0, 0, 0.3), ev(3, 60, 0.4), ev(4, 80, 0.41)]
     s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.41, "rollouts": 80,
          "rollouts_per_emitted_group": 80 / 12, "wall_seconds": 1.0, "config": {"train_size": 10, "policy": {"group_size": 4}}}
     r = run_summary(s, 0.1)  # crossed at step 3, after 60 rollouts: 1.5 passes over 10 tasks x 4
@@ -137,8 +142,7 @@ def test_a_ratio_to_an_epoch_mean_of_zero_is_left_blank():
 
 def test_summary_reads_the_first_crossing_of_every_reported_gain():
     # start 0.3: +4 points at step 2, +6 at step 5, +8 at step 9; every step 1 s of loop time
-    evals = [{"step": 0, "rollouts": 0, "heldout_acc": 0.3}, {"step": 2, "rollouts": 200, "heldout_acc": 0.34},
-             {"step": 5, "rollouts": 500, "heldout_acc": 0.36}, {"step": 9, "rollouts": 900, "heldout_acc": 0.38}]
+    evals = [ev(0, 0, 0.3), ev(2, 200, 0.34), ev(5, 500, 0.36), ev(9, 900, 0.38)]
     steps = [{"step": i + 1, "rollout_seconds": 1.0} for i in range(9)]
     s = {"evals": evals, "steps": steps, "start_heldout_acc": 0.3, "end_heldout_acc": 0.38, "rollouts": 900,
          "rollouts_per_emitted_group": 10.0, "wall_seconds": 9.0}
@@ -215,7 +219,7 @@ def _refuse(name: str):
 @pytest.mark.slow
 def test_two_arm_smoke_writes_the_comparison(tmp_path):
     # seed 1 alone (first_seed): runs, files and the per-seed lines are named by the seed
-    out = run_comparison(tmp_path, seeds=1, first_seed=1, budget=256, arms=["epoch", "screening"], gain=0.0, spread=False)
+    out = run_comparison(tmp_path, seeds=1, first_seed=1, budget=512, arms=["epoch", "screening"], gain=0.0, spread=False)
     data = json.loads((tmp_path / "comparison.json").read_text())
     assert [r["arm"] for r in data["rows"]] == ["epoch", "screening"]
     assert all(r["reached"] == 1 for r in data["rows"])  # gain 0: reached at the start
@@ -229,6 +233,12 @@ def test_two_arm_smoke_writes_the_comparison(tmp_path):
     correct = {k: n for s in steps for k, n in s["informative_by_correct"].items()}
     assert sum(fams) == sum(n for s in steps for n in s["informative_by_correct"].values()) > 0
     assert set(correct) <= {str(k) for k in range(1, 8)} and {k for s in steps for k in s["informative_by_family"]} <= set(FAMILIES)
+    # every evaluation gives the expected accuracy; at the start it is avg@4's expectation: within 4
+    # standard errors of avg@4 (at most sqrt(0.25 / (4 x 300)) = 0.0144 on the 300 held-out tasks)
+    evals = json.loads((tmp_path / "epoch-s1" / "train.json").read_text())["evals"]
+    assert all(0.0 <= e["heldout_expected_acc"] <= 1.0 for e in evals)
+    assert "heldout_acc" in evals[-1] and not any("heldout_acc" in e for e in evals[1:-1])  # avg@4 at the ends only
+    assert abs(evals[0]["heldout_expected_acc"] - evals[0]["heldout_acc"]) < 4 * 0.0144
 
 
 def test_pass_costs_count_rollouts_per_informative_group_by_hand():
