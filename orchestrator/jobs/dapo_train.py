@@ -118,9 +118,9 @@ def task_sets(cfg: DapoTrainConfig) -> tuple[Any, Any, Any]:
     return train, held, train
 
 
-def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[str, Any]:
+def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str, expected: bool = False) -> dict[str, Any]:
     """Held-out evaluation: ``heldout_acc`` (avg@k, k sampled responses per task at the rollout
-    temperature, DAPO's avg@32 on AIME) and, where the source scores answers, ``heldout_expected_acc``:
+    temperature, DAPO's avg@32 on AIME) and, with ``expected``, ``heldout_expected_acc``:
     the mean over tasks of p, the chance that one response is exactly the reference answer
     (:meth:`VLLMRolloutSource.answer_probability`, one forward pass per task, nothing sampled).
 
@@ -129,10 +129,11 @@ def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[
     exact answer (otherwise a lower bound: docs/sampling.md, "When p is the pass rate"), so
     ``heldout_expected_acc`` is the expectation of avg@k, without its sampling error. The scoring
     samples nothing seeded, so the training rollouts are those of a run without it. ``k = 0``: the
-    expected accuracy alone (no ``heldout_acc``).
+    expected accuracy alone (no ``heldout_acc``). ``expected`` needs a source whose engine scores
+    answers (the training loop's vLLM engine actor; Trinity's engine in ``demo-trinity`` does not).
     """
-    if not k and not hasattr(source, "answer_probability"):
-        raise ValueError(f"eval_samples_between: 0 needs a held-out source that scores answers; {type(source).__name__} cannot")
+    if not k and not expected:
+        raise ValueError("an evaluation with no sampled response (k = 0) needs expected=True")
     family = [t.meta.get("family", t.kind) for t in tasks]
     rows = {f: [i for i, x in enumerate(family) if x == f] for f in sorted(set(family))}
     out: dict[str, Any] = {"heldout_tokens": 0, "_groups": []}
@@ -144,7 +145,7 @@ def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str) -> dict[
         out = {"heldout_acc": float(acc.mean()), "heldout_acc_by_family": {f: float(acc[i].mean()) for f, i in rows.items()},
                "heldout_tokens": int(lengths.sum()), "heldout_pass_any": float(acc.max(axis=1).mean()),
                "heldout_length": float(lengths.mean()), "heldout_truncated": float(truncated.mean()), "_groups": groups}
-    if hasattr(source, "answer_probability"):
+    if expected:
         p = source.answer_probability(tasks)
         out["heldout_expected_acc"] = float(p.mean())
         out["heldout_expected_acc_by_family"] = {f: float(p[i].mean()) for f, i in rows.items()}
@@ -218,7 +219,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     trained_tokens = useful_tokens = 0
     tasks_trained: set = set()  # distinct tasks with an informative group trained on so far
 
-    first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0")
+    first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0", expected=True)
     eval_tokens += first["heldout_tokens"]
     probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]
     sync = WeightSync(engine, actor, probes, tol=cfg.sync_tol)
@@ -321,7 +322,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             t2 = time.monotonic()
             last = rollouts >= cfg.rollout_budget or step >= cfg.max_steps
             between = cfg.eval_samples if cfg.eval_samples_between is None else cfg.eval_samples_between
-            ev = _evaluate(held_source, held_tasks, cfg.eval_samples if last else between, version, f"eval{step}")
+            ev = _evaluate(held_source, held_tasks, cfg.eval_samples if last else between, version, f"eval{step}", expected=True)
             ev.pop("_groups")
             eval_tokens += ev["heldout_tokens"]
             generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
