@@ -68,7 +68,7 @@ ACCURACY = "heldout_expected_acc"
 tasks of the chance p that one response is the exact answer (:func:`orchestrator.jobs.dapo_train._evaluate`;
 p is the pass rate on these tasks: docs/sampling.md). Earlier comparisons read the crossings
 from avg@4 (:data:`SAMPLED`), whose sampling error (about one point on 300 tasks, against a
-5-point target) moved a crossing by hundreds of rollouts where the curve is flat. avg@4 is
+5-point target) moved a crossing by hundreds to thousands of rollouts where the curve is flat. avg@4 is
 still measured at the first and the last evaluation (``sampled_start``, ``sampled_final``);
 between them only the expected accuracy is (``eval_samples_between=0``: 300 forward passes
 instead of 1,200 rollouts an evaluation, which halves the comparison's time)."""
@@ -274,7 +274,8 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
     groups classified up to it (their rollouts are what a skip knowing every outcome in advance
     would have spent), distinct tasks trained on up to it and in the run.
 
-    ``accuracy``: the evaluations' key that decides crossings, start and final (:data:`ACCURACY`);
+    ``accuracy``: the evaluations' key that decides crossings, start and final (:data:`ACCURACY`;
+    :data:`SAMPLED` reads a run of the earlier comparisons, evaluated by avg@4 throughout);
     start and final by :data:`SAMPLED` (avg@4) are ``sampled_start`` and ``sampled_final``.
     """
     evals = s["evals"]
