@@ -1,13 +1,16 @@
 """Benchmark: what the answer screen's scoring costs, against the rollouts it replaces.
 
 On the comparison's warm-started tiny policy (seed 0 of ``make compare-sampling``, one vLLM
-engine), alternating in one loop: scoring k tasks' reference answers
-(:meth:`orchestrator.rollout.engine.VLLMRolloutSource.answer_probability`, one forward pass
-each) and rolling the same k tasks out with a group of 8 (:meth:`VLLMRolloutSource.generate`,
-up to 5 tokens each, the comparison's settings). Every score is checked to be a probability.
-Prints medians, and the cost of one scored task in rollouts (the ratio the comparison's loop
-seconds depend on: the screen pays in time only where a scored task costs much less than the
-rollouts a skip saves). Run: ``python bench/bench_answer_screen.py [--reps 7]``.
+engine actor), alternating in one loop: scoring k tasks' reference answers with the engine's
+torch copy of its weights (the default, :meth:`orchestrator.train.sync.TrainableEngine.answer_logprobs`),
+scoring them with vLLM's ``prompt_logprobs`` (``answer_scorer="vllm"``,
+:meth:`orchestrator.rollout.engine.VLLMEngine.answer_logprobs`, run on the same actor), and
+rolling the same k tasks out with a group of 8 (:meth:`VLLMRolloutSource.generate`, up to 5
+tokens each, the comparison's settings). Checked: every score is a probability, and the two
+scorers agree to 1e-4 in log-probability. Prints medians, and the cost of one scored task in
+rollouts (the ratio the comparison's loop seconds depend on: the screen pays in time only
+where a scored task costs much less than the rollouts a skip saves).
+Run: ``python bench/bench_answer_screen.py [--reps 7]``.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import ray
 
 from orchestrator.jobs.dapo_train import _policy_dir, start_engine, task_sets
 from orchestrator.jobs.sampling_compare import base_config
-from orchestrator.rollout.engine import VLLMRolloutSource
+from orchestrator.rollout.engine import VLLMEngine, VLLMRolloutSource
 from orchestrator.rollout.source import SamplingConfig
 from orchestrator.train.tiny import ensure_policy
 
 SIZES = (1, 20, 60)
 """Tasks per call (a round of the comparison scores about 20-60)."""
 GROUP = 8
+
+
+def _vllm_score(engine: VLLMEngine, prompts: list, answers: list) -> list[float]:
+    """vLLM's ``prompt_logprobs`` path, run on the trainable engine actor (``__ray_call__``)."""
+    return VLLMEngine.answer_logprobs(engine, prompts, answers)
 
 
 def main(reps: int) -> None:
@@ -46,19 +54,23 @@ def main(reps: int) -> None:
             t0 = time.perf_counter()
             p = source.answer_probability(some)
             t1 = time.perf_counter()
-            groups = source.generate(some, GROUP, round_tag=f"bench{rep}")
+            ref = ray.get(engine.__ray_call__.remote(_vllm_score, [t.prompt for t in some], [t.answer for t in some]))
             t2 = time.perf_counter()
+            groups = source.generate(some, GROUP, round_tag=f"bench{rep}")
+            t3 = time.perf_counter()
             assert p.shape == (len(some),) and np.all((p >= 0) & (p <= 1)), p
+            assert np.allclose(np.log(np.maximum(p, 1e-300)), ref, atol=1e-4), (np.log(p), ref)
             assert [len(g.rollouts) for g in groups] == [GROUP] * len(some)
             if rep:
-                times.setdefault(("score", k), []).append(t1 - t0)
-                times.setdefault(("rollouts", k), []).append(t2 - t1)
+                times.setdefault(("torch", k), []).append(t1 - t0)
+                times.setdefault(("vllm", k), []).append(t2 - t1)
+                times.setdefault(("rollouts", k), []).append(t3 - t2)
     ray.kill(engine)
-    print(f"{'tasks':>5} | {'score ms (median)':>17} | {'8 rollouts each, ms':>19} | a scored task costs, in rollouts")
+    print(f"{'tasks':>5} | {'torch score ms':>14} | {'vLLM score ms':>13} | {'8 rollouts each, ms':>19} | "
+          "a scored task costs, in rollouts (torch; vLLM)")
     for k in SIZES:
-        s, g = statistics.median(times[("score", k)]), statistics.median(times[("rollouts", k)])
-        print(f"{k:>5} | {1000 * s:17.1f} | {1000 * g:19.1f} | {s / (g / GROUP):.2f}")
-
+        t, v, g = (statistics.median(times[(what, k)]) for what in ("torch", "vllm", "rollouts"))
+        print(f"{k:>5} | {1000 * t:14.1f} | {1000 * v:13.1f} | {1000 * g:19.1f} | {t / (g / GROUP):.2f}; {v / (g / GROUP):.2f}")
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -14,7 +14,7 @@ run stops with :class:`WeightSyncError` naming the step and the mismatch.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import ray
 import torch
@@ -36,18 +36,73 @@ class TrainableEngine(VLLMEngine):
     cores are not shared with one more process.
     """
 
-    def __init__(self, model: str, **kwargs: Any):
+    def __init__(self, model: str, *, answer_scorer: Literal["torch", "vllm"] = "torch", **kwargs: Any):
         import os
 
+        if answer_scorer not in ("torch", "vllm"):
+            raise ValueError(f"answer_scorer must be 'torch' or 'vllm', got {answer_scorer!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         super().__init__(model, **kwargs)
+        self.answer_scorer = answer_scorer
+        self._scorer: Any = None  # the torch copy of the weights (answer_scorer="torch")
+        if answer_scorer == "torch":
+            from transformers import AutoModelForCausalLM
+
+            self._scorer = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval().requires_grad_(False)
+        self._scored_tokens: dict[tuple[str, str], tuple[list[int], int]] = {}
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> float:
-        """Load transformers-named tensors in place; returns the seconds it took."""
+        """Load transformers-named tensors in place (and into the torch scorer's copy); returns the seconds it took."""
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named)})
         self.llm.reset_prefix_cache()
+        if self._scorer is not None:
+            self._scorer.load_state_dict(dict(named))
         return time.perf_counter() - t0
+
+    def answer_logprobs(self, prompts: list[list[dict[str, str]]], answers: list[str]) -> list[float]:
+        """Log-probability that a response is exactly ``answers[i]`` followed by EOS, for each chat
+        prompt: the quantity of :meth:`VLLMEngine.answer_logprobs`, by default computed as the
+        trainer computes log-probs (a teacher-forced forward of a transformers copy of the weights
+        this engine holds, kept equal at every :meth:`load_weights`: what verl's actor workers
+        do for ``compute_log_prob``), not by vLLM's ``prompt_logprobs``.
+
+        Why: vLLM's cost is per request (about 0.4 ms each on this harness's 2-layer policy, in
+        the engine's own process: as much as a rollout of 5 tokens), which a GPU deployment,
+        whose rollouts are long, does not see; the torch forward scores a batch of 15-60 tasks
+        in a quarter of vLLM's time (``bench/bench_answer_screen.py``). The two agree to 1e-5
+        nats (``tests/train/test_train_loop.py``). ``answer_scorer="vllm"`` keeps vLLM's path.
+        Token ids of each (prompt, answer) are tokenised once and kept (the task set is fixed).
+        """
+        if self.answer_scorer == "vllm":
+            return super().answer_logprobs(prompts, answers)
+        if len(answers) != len(prompts):
+            raise ValueError(f"answers has {len(answers)} entries for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        seqs = [self._answer_tokens(p, a) for p, a in zip(prompts, answers)]
+        width = max(len(s) for s, _ in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        scored = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
+        for i, (s, head) in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+            scored[i, head - 1 : len(s) - 1] = True  # positions whose next token is an answer token or EOS
+        with torch.inference_mode():
+            logits = self._scorer(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return (lp * scored).sum(dim=1).tolist()
+
+    def _answer_tokens(self, prompt: list[dict[str, str]], answer: str) -> tuple[list[int], int]:
+        """(prompt + answer + EOS token ids, prompt length), tokenised as :meth:`VLLMEngine.answer_logprobs` does; cached."""
+        key = (repr(prompt), answer)
+        if (hit := self._scored_tokens.get(key)) is None:
+            tok = self.tokenizer
+            head = list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+            hit = self._scored_tokens[key] = (head + list(tok.encode(answer, add_special_tokens=False)) + [tok.eos_token_id],
+                                              len(head))
+        return hit
 
 
 TrainableEngineActor = ray.remote(num_cpus=0, runtime_env={"env_vars": ENGINE_ENV})(TrainableEngine)

@@ -206,6 +206,34 @@ def test_answer_probability_is_the_chance_of_sampling_that_answer(warm_engine, t
     assert got == pytest.approx([sum(e.logprobs) for e in finished], abs=1e-4)
 
 
+def test_torch_answer_scorer_follows_the_engines_weights_after_a_sync(engine, model_dir, tasks, groups):
+    # the engine's torch copy scores answers as vLLM's prompt_logprobs does, after a trained step
+    # has been synced (a copy left at the old weights would differ by the step's change, checked first)
+    from transformers import AutoTokenizer
+
+    trainer = PolicyTrainer(model_dir, TrainerConfig(lr=1e-2, mini_batches=1))
+    ray.get(engine.load_weights.remote(trainer.named_weights()), timeout=120)
+    some = list(tasks[0])[:16]
+    prompts, answers = [t.prompt for t in some], [t.answer for t in some]
+    before = ray.get(engine.answer_logprobs.remote(prompts, answers))
+    trainer.train_batch(Batch(0, copy.deepcopy(groups)))
+    ray.get(engine.load_weights.remote(trainer.named_weights()), timeout=120)
+    after = ray.get(engine.answer_logprobs.remote(prompts, answers))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    heads = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for p in prompts]
+    seqs = [list(h) + tok.encode(a, add_special_tokens=False) + [tok.eos_token_id] for h, a in zip(heads, answers)]
+    vllm = [sum(lp) for lp in ray.get(engine.sequence_logprobs.remote(seqs, [len(h) for h in heads]))]
+    assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2  # the step moved the answers' log-probs
+    assert after == pytest.approx(vllm, abs=1e-4)
+
+
+def test_engine_refuses_an_unknown_answer_scorer(model_dir):
+    from orchestrator.train.sync import TrainableEngine
+
+    with pytest.raises(ValueError, match=r"answer_scorer must be 'torch' or 'vllm', got 'onnx'"):
+        TrainableEngine(str(model_dir), answer_scorer="onnx")
+
+
 def test_answer_probability_of_a_task_is_its_pass_rate(warm_engine, tasks):
     # the chance of the exact answer + EOS against the pass rate of 64 rollouts per task: within
     # 4 standard errors (plus 0.02) on every one of 8 tasks
