@@ -318,8 +318,10 @@ class VLLMRolloutSource:
 
     def answer_probability(self, tasks: list[Task]) -> np.ndarray:
         """(k,) float64 in [0, 1]: each task's chance that one response is exactly its reference
-        answer (``task.answer``) followed by EOS, under the engine's current weights
-        (:meth:`VLLMEngine.answer_logprobs`: one forward pass per task, no rollout). The
+        answer (``task.answer``) followed by EOS, under the engine's current weights (the
+        engine's ``answer_logprobs``: one forward pass per task, no rollout; vLLM's
+        ``prompt_logprobs`` in :meth:`VLLMEngine.answer_logprobs`, a torch copy of the weights in
+        :meth:`orchestrator.train.sync.TrainableEngine.answer_logprobs`). The
         orchestrator's answer screen reads it (``policy.answer_screen``, docs/sampling.md).
 
         Raises:
