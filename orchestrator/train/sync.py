@@ -27,8 +27,13 @@ class WeightSyncError(RuntimeError):
     """A sync failed or left the engine's log-probs away from the trainer's (names step and mismatch)."""
 
 
+SCORED_TOKENS_KEPT = 65_536
+"""Tokenised (prompt, answer) pairs the torch answer scorer keeps (the comparison's task sets hold 600)."""
+
+
 class TrainableEngine(VLLMEngine):
-    """:class:`VLLMEngine` plus in-place weight loading.
+    """:class:`VLLMEngine` plus in-place weight loading, and answers scored by a torch copy of the
+    loaded weights (:meth:`answer_logprobs`; ``answer_scorer="vllm"``: vLLM's ``prompt_logprobs``).
 
     The engine core runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
     ``collective_rpc`` then hands the tensors to the model runner as Python objects (across
@@ -98,6 +103,8 @@ class TrainableEngine(VLLMEngine):
         """(prompt + answer + EOS token ids, prompt length), tokenised as :meth:`VLLMEngine.answer_logprobs` does; cached."""
         key = (repr(prompt), answer)
         if (hit := self._scored_tokens.get(key)) is None:
+            if len(self._scored_tokens) >= SCORED_TOKENS_KEPT:  # a bound for large task sets: start over
+                self._scored_tokens.clear()
             tok = self.tokenizer
             head = list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
             hit = self._scored_tokens[key] = (head + list(tok.encode(answer, add_special_tokens=False)) + [tok.eos_token_id],
