@@ -183,11 +183,16 @@ class VLLMEngine:
             raise ValueError(f"answers has {len(answers)} entries for {len(prompts)} prompts")
         if not prompts:
             return []
+        seqs, heads = zip(*(self.answer_tokens(p, a) for p, a in zip(prompts, answers)))
+        return [float(sum(lp)) for lp in self.sequence_logprobs(list(seqs), list(heads))]
+
+    def answer_tokens(self, prompt: list[dict[str, str]], answer: str) -> tuple[list[int], int]:
+        """The token ids that :meth:`answer_logprobs` scores: the prompt through the chat template
+        with the generation prompt (as :meth:`generate` tokenises it), the answer without special
+        tokens, then EOS; and the prompt's length in tokens."""
         tok = self.tokenizer
-        heads = [list(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-                 for p in prompts]
-        seqs = [h + list(tok.encode(a, add_special_tokens=False)) + [tok.eos_token_id] for h, a in zip(heads, answers)]
-        return [float(sum(lp)) for lp in self.sequence_logprobs(seqs, [len(h) for h in heads])]
+        head = list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        return head + list(tok.encode(answer, add_special_tokens=False)) + [tok.eos_token_id], len(head)
 
     def chat_choice(
         self,

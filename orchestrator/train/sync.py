@@ -21,6 +21,7 @@ import torch
 
 from orchestrator.core.types import Experience
 from orchestrator.rollout.engine import ENGINE_ENV, VLLMEngine
+from orchestrator.train.trainer import token_logprobs
 
 
 class WeightSyncError(RuntimeError):
@@ -85,7 +86,7 @@ class TrainableEngine(VLLMEngine):
             raise ValueError(f"answers has {len(answers)} entries for {len(prompts)} prompts")
         if not prompts:
             return []
-        seqs = [self._answer_tokens(p, a) for p, a in zip(prompts, answers)]
+        seqs = [self.answer_tokens(p, a) for p, a in zip(prompts, answers)]
         width = max(len(s) for s, _ in seqs)
         ids = torch.zeros((len(seqs), width), dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -95,22 +96,17 @@ class TrainableEngine(VLLMEngine):
             mask[i, : len(s)] = 1
             scored[i, head - 1 : len(s) - 1] = True  # positions whose next token is an answer token or EOS
         with torch.inference_mode():
-            logits = self._scorer(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            lp, _ = token_logprobs(self._scorer, ids, mask)
         return (lp * scored).sum(dim=1).tolist()
 
-    def _answer_tokens(self, prompt: list[dict[str, str]], answer: str) -> tuple[list[int], int]:
-        """(prompt + answer + EOS token ids, prompt length), tokenised as :meth:`VLLMEngine.answer_logprobs` does; cached."""
+    def answer_tokens(self, prompt: list[dict[str, str]], answer: str) -> tuple[list[int], int]:
+        """:meth:`VLLMEngine.answer_tokens`, kept per (prompt, answer) (up to :data:`SCORED_TOKENS_KEPT`)."""
         key = (repr(prompt), answer)
         if (hit := self._scored_tokens.get(key)) is None:
             if len(self._scored_tokens) >= SCORED_TOKENS_KEPT:  # a bound for large task sets: start over
                 self._scored_tokens.clear()
-            tok = self.tokenizer
-            head = list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-            hit = self._scored_tokens[key] = (head + list(tok.encode(answer, add_special_tokens=False)) + [tok.eos_token_id],
-                                              len(head))
+            hit = self._scored_tokens[key] = super().answer_tokens(prompt, answer)
         return hit
-
 
 TrainableEngineActor = ray.remote(num_cpus=0, runtime_env={"env_vars": ENGINE_ENV})(TrainableEngine)
 """Ray actor class of :class:`TrainableEngine` (use ``.remote(model_dir, dtype="float32", ...)``)."""

@@ -16,7 +16,7 @@ import torch
 
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
 from orchestrator.core.types import Batch
-from orchestrator.rollout.engine import VLLMRolloutSource
+from orchestrator.rollout.engine import VLLMEngine, VLLMRolloutSource
 from orchestrator.rollout.source import SamplingConfig
 from orchestrator.service.actor import OrchestratorActor
 from orchestrator.train.sync import TrainableEngineActor, WeightSync, WeightSyncError
@@ -225,6 +225,9 @@ def test_torch_answer_scorer_follows_the_engines_weights_after_a_sync(engine, mo
     vllm = [sum(lp) for lp in ray.get(engine.sequence_logprobs.remote(seqs, [len(h) for h in heads]))]
     assert max(abs(a - b) for a, b in zip(after, before)) > 1e-2  # the step moved the answers' log-probs
     assert after == pytest.approx(vllm, abs=1e-4)
+    # vLLM's own answer path (answer_scorer="vllm") on the same engine gives the same
+    via_vllm = ray.get(engine.__ray_call__.remote(lambda e, p, a: VLLMEngine.answer_logprobs(e, p, a), prompts, answers))
+    assert via_vllm == pytest.approx(vllm, abs=1e-6)
 
 
 def test_engine_refuses_an_unknown_answer_scorer(model_dir):
