@@ -72,6 +72,7 @@ def main(reps: int) -> None:
         t, v, g = (statistics.median(times[(what, k)]) for what in ("torch", "vllm", "rollouts"))
         print(f"{k:>5} | {1000 * t:14.1f} | {1000 * v:13.1f} | {1000 * g:19.1f} | {t / (g / GROUP):.2f}; {v / (g / GROUP):.2f}")
 
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)

@@ -49,8 +49,7 @@ class TrainableEngine(VLLMEngine):
             raise ValueError(f"answer_scorer must be 'torch' or 'vllm', got {answer_scorer!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         super().__init__(model, **kwargs)
-        self.answer_scorer = answer_scorer
-        self._scorer: Any = None  # the torch copy of the weights (answer_scorer="torch")
+        self._scorer: Any = None  # the torch copy of the weights (answer_scorer="torch"); None: vLLM scores
         if answer_scorer == "torch":
             from transformers import AutoModelForCausalLM
 
@@ -76,11 +75,17 @@ class TrainableEngine(VLLMEngine):
         Why: vLLM's cost is per request (about 0.4 ms each on this harness's 2-layer policy, in
         the engine's own process: as much as a rollout of 5 tokens), which a GPU deployment,
         whose rollouts are long, does not see; the torch forward scores a batch of 15-60 tasks
-        in a quarter of vLLM's time (``bench/bench_answer_screen.py``). The two agree to 1e-5
-        nats (``tests/train/test_train_loop.py``). ``answer_scorer="vllm"`` keeps vLLM's path.
+        in a quarter of vLLM's time in the engine's process, about half through the actor
+        (``bench/bench_answer_screen.py``). The two agree to 1e-5 nats
+        (``tests/train/test_train_loop.py``). ``answer_scorer="vllm"`` keeps vLLM's path.
         Token ids of each (prompt, answer) are tokenised once and kept (the task set is fixed).
+
+        Returns:
+            P floats, log-probabilities in nats (<= 0), one per prompt.
+        Raises:
+            ValueError: ``answers`` and ``prompts`` differ in length.
         """
-        if self.answer_scorer == "vllm":
+        if self._scorer is None:
             return super().answer_logprobs(prompts, answers)
         if len(answers) != len(prompts):
             raise ValueError(f"answers has {len(answers)} entries for {len(prompts)} prompts")
@@ -97,7 +102,7 @@ class TrainableEngine(VLLMEngine):
             scored[i, head - 1 : len(s) - 1] = True  # positions whose next token is an answer token or EOS
         with torch.inference_mode():
             lp, _ = token_logprobs(self._scorer, ids, mask)
-        return (lp * scored).sum(dim=1).tolist()
+        return torch.where(scored, lp, 0.0).sum(dim=1).tolist()
 
     def answer_tokens(self, prompt: list[dict[str, str]], answer: str) -> tuple[list[int], int]:
         """:meth:`VLLMEngine.answer_tokens`, kept per (prompt, answer) (up to :data:`SCORED_TOKENS_KEPT`)."""
