@@ -234,16 +234,24 @@ class ResamplingPolicy(BaseModel):
         description="Answer screen: before a round's rollouts, score each task's reference answer under the current "
         "policy (one forward pass per task, nothing sampled; the rollout source's answer_probability): p = chance "
         "that one response is exactly the answer, I = 1 - p**n - (1-p)**n, and roll the task out with probability "
-        "clip(I / answer_keep_at, answer_floor, 1). Standalone route only, with a rollout source that can score "
+        "clip((I / answer_keep_at) ** answer_keep_power, answer_floor, 1). Standalone route only, with a rollout source that can score "
         "(vLLM); p is the pass rate only for short exact answers (docs/sampling.md).",
     )
     answer_keep_at: float = Field(
         0.5, gt=0.0, le=1.0,
         description="Answer screen: tasks whose group is at least this likely to be informative are always rolled out.",
     )
+    answer_keep_power: float = Field(
+        4.0, gt=0.0, le=16.0,
+        description="Answer screen: how sharply the chance of a roll falls below answer_keep_at; 1 = in proportion to I "
+        "(predicted_skip's rule). 4 (a soft threshold: p = 0.95 of n = 8 is "
+        "rolled with chance 0.21, p = 0.97 with 0.035) was chosen on seeds 30-39 of the comparison, not on its "
+        "evaluation seeds (docs/sampling.md).",
+    )
     answer_floor: float = Field(
-        0.05, ge=0.0, le=1.0,
-        description="Answer screen: the least chance a scored task is rolled out (the score may be wrong).",
+        0.0, ge=0.0, le=1.0,
+        description="Answer screen: the least chance a scored task is rolled out. 0: p is the pass rate for exact "
+        "answers; with a scorer that accepts other forms p is only a lower bound, and a floor (e.g. 0.05) keeps trying tasks scored as never solved.",
     )
     selection_explore: float = Field(
         0.01, ge=0.0, le=1.0,

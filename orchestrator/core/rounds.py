@@ -267,10 +267,14 @@ class Rounds:
         (``policy.answer_screen``; the rollout source's ``answer_probability``, taken under the
         current weights just before).
 
-        A task is rolled out with probability ``clip(I / answer_keep_at, answer_floor, 1)``,
-        ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with pass rate p is
-        informative (DAPO Eq. 11's event under a binomial, :func:`~orchestrator.core.passrate.plugin_informativeness`), and the clip the keep rule of
-        ``predicted_skip`` (:func:`orchestrator.core.skip.keep_probability`).
+        A task is rolled out with probability ``clip((I / answer_keep_at) ** answer_keep_power,
+        answer_floor, 1)``, ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with
+        pass rate p is informative (DAPO Eq. 11's event under a binomial,
+        :func:`~orchestrator.core.passrate.plugin_informativeness`;
+        :func:`orchestrator.core.skip.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
+        the default 4 is close to a threshold at ``answer_keep_at``: with p exact, a roll's worth is
+        its chance ``I`` of an informative group against the same n rollouts for every task, so
+        the cheapest rule rolls the tasks of highest ``I`` (docs/sampling.md, "Answer screen").
         The draw is counter-based (``default_rng([seed, 5, crc32(round_tag)])``), so a replayed
         round skips the same tasks. A skipped task costs no rollout: its planned rollouts go back
         to the ``max_rollouts`` budget, its round counts it as not informative (the next rounds
@@ -295,7 +299,7 @@ class Rounds:
             raise ValueError(f"answer_prob: task {task_ids[bad[0]]!r} has {p[bad[0]]!r}, expected a probability in [0, 1]")
         pol = self.policy
         informative = plugin_informativeness(p, pol.group_size)
-        keep_p = keep_probability(informative, pol.answer_keep_at, pol.answer_floor)
+        keep_p = keep_probability(informative, pol.answer_keep_at, pol.answer_floor, pol.answer_keep_power)
         u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p
         tally = self.answer_tally

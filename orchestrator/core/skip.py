@@ -33,17 +33,22 @@ DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
 """``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
 
 
-def keep_probability(informative: np.ndarray, keep_at: float, floor: float) -> np.ndarray:
-    """``clip(I / keep_at, floor, 1)``: the chance a task is rolled out when its turn comes.
+def keep_probability(informative: np.ndarray, keep_at: float, floor: float, power: float = 1.0) -> np.ndarray:
+    """``clip((I / keep_at) ** power, floor, 1)``: the chance a task is rolled out when its turn comes.
+
+    ``power`` 1 keeps a task in proportion to its chance of an informative group below ``keep_at``
+    (``predicted_skip``'s rule, like GRESO's probabilistic skip); a larger power is a softer form
+    of a threshold at ``keep_at`` (the answer screen's default, :mod:`orchestrator.core.policy`).
 
     Args:
         informative: (k,) float in [0, 1], predicted chance of an informative group.
         keep_at: in (0, 1]; tasks predicted at least this informative are always kept.
         floor: in [0, 1]; the least chance of a turn.
+        power: > 0; how sharply the chance falls below ``keep_at``.
     Returns:
         (k,) float64 in [floor, 1].
     """
-    return np.clip(np.asarray(informative, dtype=np.float64) / keep_at, floor, 1.0)
+    return np.clip((np.asarray(informative, dtype=np.float64) / keep_at) ** power, floor, 1.0)
 
 
 def check_options(opts: dict[str, float]) -> None:

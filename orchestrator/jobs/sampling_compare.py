@@ -129,7 +129,7 @@ def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> Dap
 
 
 def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SCREEN_K,
-               answer_prob: np.ndarray | None = None, answer_keep: tuple[float, float] = (0.5, 0.05)) -> dict:
+               answer_prob: np.ndarray | None = None, answer_keep: tuple[float, float, float] = (0.5, 0.0, 4.0)) -> dict:
     """Rollouts per informative group that ways of choosing tasks spend on one policy, from 2n
     judged rollouts of every task: the first n are what an earlier pass saw of the task (its
     history), the last n the group a rule rolls (its first k the screen). No model of pass rates
@@ -145,8 +145,9 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
     * ``history_skip``: only the tasks whose earlier group was informative rolled in full: what a
       skip that remembers one earlier group per task (a second pass) can do at best;
     * ``answer_screen`` (with ``answer_prob``): each task rolled in full with the answer screen's
-      chance ``clip(I / keep_at, floor, 1)``, ``I = 1 - p**n - (1-p)**n`` of its answer probability p
-      (``answer_keep = (keep_at, floor)``, the policy's ``answer_keep_at`` and ``answer_floor``;
+      chance ``clip((I / keep_at) ** power, floor, 1)``, ``I = 1 - p**n - (1-p)**n`` of its answer
+      probability p (``answer_keep = (keep_at, floor, power)``, the policy's ``answer_keep_at``,
+      ``answer_floor`` and ``answer_keep_power``;
       :meth:`orchestrator.core.rounds.Rounds.answer_screen`): expected
       cost ``sum(keep) n`` over expected informative groups ``sum(keep * informative)``; the
       scoring's forward passes are not counted.
@@ -223,7 +224,8 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
         if name == "train" and samples == 2 * cfg.policy.group_size:
             outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
             row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer,
-                                           answer_keep=(cfg.policy.answer_keep_at, cfg.policy.answer_floor))
+                                           answer_keep=(cfg.policy.answer_keep_at, cfg.policy.answer_floor,
+                                                        cfg.policy.answer_keep_power))
         out[name] = row
     if own:
         ray.kill(engine)

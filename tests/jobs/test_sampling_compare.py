@@ -287,12 +287,21 @@ def test_pass_windows_count_rollouts_and_informative_groups_by_hand():
 
 
 def test_pass_costs_of_the_answer_screen_by_hand():
-    # answer probabilities 1, 0.5, 0.95 (n = 8): I = 0, 0.992, 0.3366 -> keep 0.05, 1, 0.6732;
-    # groups: task 0 all correct, tasks 1 and 2 mixed. Expected cost (0.05 + 1 + 0.6732) x 8 over
-    # expected informative groups 1 + 0.6732
+    # answer probabilities 1, 0.5, 0.95 (n = 8): I = 0, 0.992, 0.3366 -> keep (I / 0.5) ** 4 with
+    # floor 0 (the policy's defaults): 0, 1, 0.2053; groups: task 0 all correct, tasks 1 and 2
+    # mixed. Expected cost (0 + 1 + 0.2053) x 8 over expected informative groups 1 + 0.2053
     mixed = [1, 0] * 8
     out = pass_costs(np.array([[1] * 16, mixed, mixed], dtype=bool), np.array(["f", "f", "f"]), n=8, k=2,
                      answer_prob=np.array([1.0, 0.5, 0.95]))
-    keep2 = (1 - 0.95**8 - 0.05**8) / 0.5
-    assert out["answer_screen"]["rollouts_per_informative"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2))
-    assert out["answer_screen"]["x_full"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2) / 12)
+    keep2 = 0.205339
+    assert out["answer_screen"]["rollouts_per_informative"] == pytest.approx((1 + keep2) * 8 / (1 + keep2), rel=1e-5)
+    assert out["answer_screen"]["x_full"] == pytest.approx(8 / 12, rel=1e-5)
+
+
+def test_pass_costs_of_the_answer_screen_with_the_proportional_rule_by_hand():
+    # answer_keep (0.5, 0.05, 1): keep 0.05, 1, 0.6732 -> cost (0.05 + 1 + 0.6732) x 8 over 1 + 0.6732
+    mixed = [1, 0] * 8
+    out = pass_costs(np.array([[1] * 16, mixed, mixed], dtype=bool), np.array(["f", "f", "f"]), n=8, k=2,
+                     answer_prob=np.array([1.0, 0.5, 0.95]), answer_keep=(0.5, 0.05, 1.0))
+    keep2 = 0.673159
+    assert out["answer_screen"]["rollouts_per_informative"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2), rel=1e-5)

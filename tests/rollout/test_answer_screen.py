@@ -18,7 +18,7 @@ def _core(**policy) -> OrchestratorCore:
 
 
 def test_settled_answers_are_skipped_and_a_coin_flip_answer_is_rolled():
-    # n = 8: I(1) = I(0) = 0, I(0.5) = 1 - 2 / 256 = 0.992 -> keep clip(I / 0.5, 0, 1) = 0, 0, 1
+    # n = 8: I(1) = I(0) = 0, I(0.5) = 1 - 2 / 256 = 0.992 -> keep clip((I / 0.5) ** 4, 0, 1) = 0, 0, 1
     c = _core(answer_floor=0.0)
     plan = c.plan_round()
     ids = plan.task_ids[:3]
@@ -27,11 +27,18 @@ def test_settled_answers_are_skipped_and_a_coin_flip_answer_is_rolled():
 
 
 def test_keep_probability_by_hand():
-    # p = 0.95: I = 1 - 0.95**8 - 0.05**8 = 0.336584; keep = I / 0.5 = 0.673168. Over 4,000 draws
-    # (tasks of 400 rounds) the share kept is within 4 standard errors (0.030) of it
+    # p = 0.95: I = 1 - 0.95**8 - 0.05**8 = 0.336580; keep = (I / 0.5) ** 4 = 0.205339 (the defaults).
+    # Over 4,000 draws (tasks of 400 rounds) the share kept is within 4 standard errors (0.026) of it
     c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, answer_screen=True), [f"t{i}" for i in range(10)], seed=0)
     kept = [c.answer_screen([f"t{i}" for i in range(10)], np.full(10, 0.95), f"b{b}r0").mean() for b in range(400)]
-    assert np.mean(kept) == pytest.approx(0.673168, abs=0.030)
+    assert np.mean(kept) == pytest.approx(0.205339, abs=0.026)
+
+
+def test_power_one_keeps_in_proportion_to_the_chance_of_an_informative_group():
+    # predicted_skip's rule: keep = I / 0.5 = 0.673159 at p = 0.95; 4 standard errors of 4,000 draws: 0.030
+    c = _core(answer_keep_power=1.0)
+    kept = [c.answer_screen([f"t{i}" for i in range(10)], np.full(10, 0.95), f"b{b}r0").mean() for b in range(400)]
+    assert np.mean(kept) == pytest.approx(0.673159, abs=0.030)
 
 
 def test_the_floor_keeps_a_settled_task_sometimes():
@@ -123,7 +130,7 @@ def test_kept_groups_have_the_filters_mean_the_screen_reads_no_rollout():
     from orchestrator.service.actor import Orchestrator
 
     rates = {f"t{i}": 0.8 for i in range(50)}
-    orch = Orchestrator({"target_groups": 8, "group_size": 8, "max_epochs": 8, "answer_screen": True, "answer_keep_at": 1.0,
+    orch = Orchestrator({"target_groups": 8, "group_size": 8, "max_epochs": 16, "answer_screen": True, "answer_keep_at": 1.0,
                          "filter": {"judge": "accuracy"}},
                         ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=1))
     means = []
@@ -132,7 +139,7 @@ def test_kept_groups_have_the_filters_mean_the_screen_reads_no_rollout():
             batch = asyncio.run(orch.next_batch())
             means += [np.mean([e.metrics["accuracy"] for e in g.rollouts]) for g in batch.groups if not g.padding]
     s = orch.get_stats()
-    assert len(means) > 200 and s.answer_skips > 0.1 * s.answers_scored  # keep = I = 0.83: about 17 % skipped
+    assert len(means) > 200 and s.answer_skips > 0.1 * s.answers_scored  # keep = I ** 4 = 0.47: about half skipped
     assert np.mean(means) == pytest.approx(0.7597, abs=0.02)
 
 
