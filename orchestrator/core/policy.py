@@ -248,6 +248,12 @@ class ResamplingPolicy(BaseModel):
         "rolled with chance 0.21, p = 0.97 with 0.035) was chosen on seeds 30-39 of the comparison, not on its "
         "evaluation seeds (docs/sampling.md).",
     )
+    answer_reuse_versions: int = Field(
+        8, ge=0,
+        description="Answer screen: a task whose last score, at most this many model versions old, gave it less than "
+        "a 1 % chance of a roll is decided from that score again instead of being scored (its p moves little while "
+        "settled; late in a run most tasks are, and each batch would otherwise score hundreds). 0 = score every time.",
+    )
     answer_floor: float = Field(
         0.0, ge=0.0, le=1.0,
         description="Answer screen: the least chance a scored task is rolled out. 0: p is the pass rate for exact "

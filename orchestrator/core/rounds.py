@@ -25,6 +25,9 @@ from orchestrator.core.skip import keep_probability
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
 
+SETTLED_KEEP = 0.01
+"""A score whose keep probability is below this is settled: reusable for ``answer_reuse_versions``."""
+
 OPEN_ROUNDS_KEPT = 64
 """Planned rounds whose groups are still awaited, kept for the predicted-vs-realised keep rate."""
 
@@ -262,7 +265,35 @@ class Rounds:
         c["rollouts_planned"] -= int((self.policy.group_size - trials).sum())
         self._touch(idx)
 
-    def answer_screen(self, task_ids: list[str], answer_prob: np.ndarray, round_tag: str) -> np.ndarray:
+    def answer_reused(self, task_ids: list[str]) -> np.ndarray:
+        """The last answer probability of each task whose score can be reused instead of scoring it
+        again (``policy.answer_reuse_versions``), NaN for the others.
+
+        Reusable: scored at most ``answer_reuse_versions`` model versions ago, with a keep
+        probability then below :data:`SETTLED_KEEP` (nearly sure to be skipped: p near 0 or 1).
+        Such a task's p moves little between versions, and late in a run most tasks are settled,
+        so without reuse each batch scores hundreds of tasks to find a few to roll (measured on
+        the comparison's seed 0: 118,062 scores in 12,000 rollouts, the rollout phase 6x
+        ``epoch``'s). A reused score is not refreshed: the task is scored again once it is older.
+
+        Returns:
+            (k,) float64, p or NaN.
+        """
+        idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
+        pol = self.policy
+        p = self.history.answer_prob[idx]
+        out = np.full(len(idx), np.nan)
+        if not pol.answer_reuse_versions or not len(idx):
+            return out
+        known = ~np.isnan(p) & (self.model_version - self.history.answer_prob_version[idx] <= pol.answer_reuse_versions)
+        keep = keep_probability(plugin_informativeness(np.nan_to_num(p), pol.group_size), pol.answer_keep_at, pol.answer_floor,
+                                pol.answer_keep_power)
+        ok = known & (self.history.answer_prob_version[idx] >= 0) & (keep < SETTLED_KEEP)
+        out[ok] = p[ok]
+        return out
+
+    def answer_screen(self, task_ids: list[str], answer_prob: np.ndarray, round_tag: str,
+                      fresh: np.ndarray | None = None) -> np.ndarray:
         """Which of a planned round's tasks to roll out, from their answer probabilities
         (``policy.answer_screen``; the rollout source's ``answer_probability``, taken under the
         current weights just before).
@@ -286,6 +317,9 @@ class Rounds:
             task_ids: the round's k tasks.
             answer_prob: (k,) float, each task's answer probability p in [0, 1].
             round_tag: the round's tag (``b<batch>r<round>``), seeds the draw.
+            fresh: (k,) bool, False where ``answer_prob`` is a reused score (:meth:`answer_reused`):
+                counted in ``answers_reused``, and the task's score and its version are left as
+                they were. None: every score is fresh.
         Returns:
             (k,) bool, True: roll the task out.
         Raises:
@@ -302,15 +336,17 @@ class Rounds:
         keep_p = keep_probability(informative, pol.answer_keep_at, pol.answer_floor, pol.answer_keep_power)
         u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p
+        fresh = np.ones(len(p), dtype=bool) if fresh is None else np.asarray(fresh, dtype=bool)
         tally = self.answer_tally
         tally["scored"] += len(p)
         tally["expected"] += float(informative[keep].sum())
         scored = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
-        self.history.answer_prob[scored] = p
-        self.history.answer_prob_version[scored] = self.model_version
+        self.history.answer_prob[scored[fresh]] = p[fresh]
+        self.history.answer_prob_version[scored[fresh]] = self.model_version
         self._touch(scored)
         c = self.counters
-        c["answers_scored"] += len(p)
+        c["answers_scored"] += int(fresh.sum())
+        c["answers_reused"] += int((~fresh).sum())
         if (~keep).any():
             idx = scored[~keep]
             self._close_rounds(idx, np.zeros(len(idx), dtype=bool))

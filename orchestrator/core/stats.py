@@ -58,6 +58,7 @@ COUNTERS: tuple[str, ...] = (
     "screens_stopped",
     "rollouts_screen_stopped",
     "answers_scored",
+    "answers_reused",
     "answer_skips",
 )
 """The cumulative counters the core keeps (``OrchestratorCore.counters``), in :class:`Stats` order."""
@@ -107,6 +108,7 @@ class Stats(BaseModel):
     screens_stopped: int = Field(0, title="screens stopped", description="Screens whose rollouts were all equal: the group was not completed.")
     rollouts_screen_stopped: int = Field(0, title="rollouts of stopped screens", description="Rollouts spent on screens that stopped (never trained on).")
     answers_scored: int = Field(0, title="answers scored", description="Tasks whose reference answer was scored (answer screen): one forward pass each, no rollout.")
+    answers_reused: int = Field(0, title="answers reused", description="Tasks the answer screen decided on from a recent settled score (answer_reuse_versions), without a forward pass.")
     answer_skips: int = Field(0, title="answer-screen skips", description="Scored tasks not rolled out (answer screen): no rollout spent.")
     rollouts_wasted: int = Field(title="rollouts wasted", description="Rollouts of dropped groups.")
     rollouts_per_emitted_group: float | None = Field(title="rollouts per emitted informative group", description="Null before any.")

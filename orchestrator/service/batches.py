@@ -14,6 +14,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from orchestrator.core.machine import DataExhaustedError
 from orchestrator.core.rounds import ScreenPlan
 from orchestrator.core.types import Batch
@@ -115,15 +117,20 @@ class BatchHandOut:
 
     async def _answer_screen(self, tasks: list, tag: str) -> tuple[list, ScreenPlan]:
         """The answer screen of a planned round (``policy.answer_screen``): score the tasks' answers
-        (off the lock), keep what :meth:`~orchestrator.core.rounds.Rounds.answer_screen` keeps, and
-        top the round up (:meth:`~orchestrator.core.rounds.Rounds.answer_top_up`) until the kept
-        tasks are expected to fill the batch; returns the tasks to roll and their screen plan."""
+        (off the lock; a recent settled score is reused instead, :meth:`~orchestrator.core.rounds.Rounds.answer_reused`),
+        keep what :meth:`~orchestrator.core.rounds.Rounds.answer_screen` keeps, and top the round
+        up (:meth:`~orchestrator.core.rounds.Rounds.answer_top_up`) until the kept tasks are
+        expected to fill the batch; returns the tasks to roll and their screen plan."""
         kept: list = []
         pending, part = tasks, 0
         while pending:
-            prob = await asyncio.to_thread(self.rollout_source.answer_probability, pending)
             async with self._lock:
-                keep = self.core.answer_screen([t.task_id for t in pending], prob, tag if part == 0 else f"{tag}.{part}")
+                prob = self.core.answer_reused([t.task_id for t in pending])
+            fresh = np.isnan(prob)
+            if fresh.any():
+                prob[fresh] = await asyncio.to_thread(self.rollout_source.answer_probability, [t for t, f in zip(pending, fresh) if f])
+            async with self._lock:
+                keep = self.core.answer_screen([t.task_id for t in pending], prob, tag if part == 0 else f"{tag}.{part}", fresh)
                 kept += [t for t, k in zip(pending, keep) if k]
                 pending = [self.task_set.get(t) for t in self.core.answer_top_up()]
             part += 1

@@ -45,6 +45,7 @@ dso_cap_hits_total                       counter    batches closed at the replen
 dso_rollouts_screen_stopped_total        counter    rollouts of screens that stopped their group (screening)
 dso_screens_stopped_total                counter    screens that stopped their group (not completed)
 dso_answers_scored_total                 counter    tasks whose reference answer was scored (answer screen)
+dso_answers_reused_total                 counter    tasks decided from a recent settled score, not scored again (answer screen)
 dso_answer_skips_total                   counter    scored tasks not rolled out (answer screen)
 dso_batch_replenish_rounds               histogram  replenish rounds spent per batch
 dso_batch_fill_seconds                   histogram  wall time from a batch's first round to release
@@ -181,6 +182,7 @@ _SIMPLE_COUNTERS = {
     "rollouts_screen_stopped": "rollouts_screen_stopped",
     "screens_stopped": "screens_stopped",
     "answers_scored": "answers_scored",
+    "answers_reused": "answers_reused",
     "answer_skips": "answer_skips",
 }
 
@@ -352,6 +354,7 @@ class DSOMetrics:
             "rollouts_screen_stopped": Counter(f"{p}_rollouts_screen_stopped", "Rollouts of screens that stopped their group.", registry=r),
             "screens_stopped": Counter(f"{p}_screens_stopped", "Screens that stopped their group (screening).", registry=r),
             "answers_scored": Counter(f"{p}_answers_scored", "Tasks whose reference answer was scored (answer screen; no rollout).", registry=r),
+            "answers_reused": Counter(f"{p}_answers_reused", "Tasks decided from a recent settled score, not scored again (answer screen).", registry=r),
             "answer_skips": Counter(f"{p}_answer_skips", "Scored tasks not rolled out (answer screen).", registry=r),
             "batch_rounds": Histogram(f"{p}_batch_replenish_rounds", "Replenish rounds spent per emitted batch.", buckets=ROUNDS_BUCKETS, registry=r),
             "batch_fill": Histogram(f"{p}_batch_fill_seconds", "Wall time from a batch's first round to its release, in seconds.", buckets=FILL_SECONDS_BUCKETS, registry=r),

@@ -195,3 +195,51 @@ def test_the_actor_fills_a_batch_in_one_round_when_the_screen_keeps_enough():
                         ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=0))
     batch = asyncio.run(orch.next_batch())
     assert batch.rounds == 0 and sorted(g.task_id for g in batch.groups) == [f"mid{i}" for i in range(4)]
+
+
+def test_a_recent_settled_score_is_reused_and_counted_not_rescored():
+    # p = 1: I = 0, keep 0 < 1 %: settled. Scored at version 3, asked at version 5 (2 <= 8 versions)
+    c = _core()
+    c.set_model_version(3)
+    c.answer_screen(["t0", "t1"], np.array([1.0, 0.5]), "b0r0")
+    c.set_model_version(5)
+    reused = c.answer_reused(["t0", "t1", "t2"])
+    assert reused[0] == 1.0 and np.isnan(reused[1:]).all()  # t1 (I = 0.99) is not settled; t2 never scored
+    keep = c.answer_screen(["t0", "t1"], np.array([reused[0], 0.5]), "b1r0", fresh=np.array([False, True]))
+    assert keep.tolist() == [False, True]
+    assert (c.counters["answers_scored"], c.counters["answers_reused"]) == (3, 1)
+    assert c.task_stats("t0").answer_prob_version == 3 and c.task_stats("t1").answer_prob_version == 5
+
+
+def test_a_settled_score_older_than_the_reuse_window_is_scored_again():
+    c = _core(answer_reuse_versions=8)
+    c.answer_screen(["t0"], np.array([0.0]), "b0r0")
+    c.set_model_version(8)
+    assert c.answer_reused(["t0"])[0] == 0.0
+    c.set_model_version(9)
+    assert np.isnan(c.answer_reused(["t0"])[0])
+
+
+def test_no_score_is_reused_with_a_reuse_window_of_zero():
+    c = _core(answer_reuse_versions=0)
+    c.answer_screen(["t0"], np.array([1.0]), "b0r0")
+    assert np.isnan(c.answer_reused(["t0"])[0])
+
+
+def test_the_actor_scores_settled_tasks_once_per_reuse_window():
+    # 4 tasks always solved, 4 never, 4 at 0.5, 12 epochs of version 0 (no weight sync): the 8
+    # settled tasks are scored in the first epoch only, then decided from their scores; the 4 at
+    # 0.5 are scored every epoch. A round drawn across an epoch boundary can hold a task twice, and
+    # both are scored before either score is recorded, so a few settled tasks may be scored again
+    from orchestrator.service.actor import Orchestrator
+
+    rates = {**{f"easy{i}": 1.0 for i in range(4)}, **{f"hard{i}": 0.0 for i in range(4)}, **{f"mid{i}": 0.5 for i in range(4)}}
+    orch = Orchestrator({"target_groups": 4, "group_size": 8, "max_epochs": 12, "answer_screen": True,
+                         "filter": {"judge": "accuracy"}},
+                        ScriptedTasks(list(rates)), BernoulliRolloutSource(rates, seed=0))
+    with pytest.raises(DataExhaustedError):
+        while True:
+            asyncio.run(orch.next_batch())
+    s = orch.get_stats()
+    assert s.answers_scored + s.answers_reused == 12 * 12
+    assert 10 * 8 <= s.answers_reused <= 11 * 8 and s.answers_scored >= 8 + 12 * 4

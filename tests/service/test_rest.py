@@ -154,7 +154,7 @@ def test_a_rejected_value_is_quoted_in_the_message(orch, http):
 def test_an_unknown_field_is_answered_with_the_valid_ones(orch, http):
     message = refused(http, "PATCH", {"target_grups": 8})
     assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: answer_floor, answer_keep_at, answer_keep_power, "
-                              "answer_screen, "
+                              "answer_reuse_versions, answer_screen, "
                               "cooldown_epochs, filter, group_size, ")
     assert "target_groups" in message
 
