@@ -69,7 +69,7 @@ check-gpu-install:
 	rc=$$?; echo "GPU route resolution (pip --dry-run, fresh venv): rc=$$rc in $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
-# training, every arm x 5 seeds (10 arms, 21-39 minutes on 2 cores) (docs/sampling.md); not part of `make test`.
+# training, every arm x 5 seeds (10 arms, 18-39 minutes on 2 cores) (docs/sampling.md); not part of `make test`.
 compare-sampling: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling
 
