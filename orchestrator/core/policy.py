@@ -234,8 +234,8 @@ class ResamplingPolicy(BaseModel):
         description="Answer screen: before a round's rollouts, score each task's reference answer under the current "
         "policy (one forward pass per task, nothing sampled; the rollout source's answer_probability): p = chance "
         "that one response is exactly the answer, I = 1 - p**n - (1-p)**n, and roll the task out with probability "
-        "clip((I / answer_keep_at) ** answer_keep_power, answer_floor, 1). Standalone route only, with a rollout source that can score "
-        "(vLLM); p is the pass rate only for short exact answers (docs/sampling.md).",
+        "clip((I / answer_keep_at) ** answer_keep_power, answer_floor, 1). Standalone route only, with a rollout "
+        "source that can score (vLLM); p is the pass rate only for short exact answers (docs/sampling.md).",
     )
     answer_keep_at: float = Field(
         0.5, gt=0.0, le=1.0,
@@ -257,7 +257,8 @@ class ResamplingPolicy(BaseModel):
     answer_floor: float = Field(
         0.0, ge=0.0, le=1.0,
         description="Answer screen: the least chance a scored task is rolled out. 0: p is the pass rate for exact "
-        "answers; with a scorer that accepts other forms p is only a lower bound, and a floor (e.g. 0.05) keeps trying tasks scored as never solved.",
+        "answers; with a scorer that accepts other forms p is only a lower bound, and a floor (e.g. 0.05) keeps "
+        "trying the tasks scored as never solved.",
     )
     selection_explore: float = Field(
         0.01, ge=0.0, le=1.0,

@@ -281,14 +281,12 @@ class Rounds:
         """
         idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
         pol = self.policy
-        p = self.history.answer_prob[idx]
         out = np.full(len(idx), np.nan)
         if not pol.answer_reuse_versions or not len(idx):
             return out
-        known = ~np.isnan(p) & (self.model_version - self.history.answer_prob_version[idx] <= pol.answer_reuse_versions)
-        keep = keep_probability(plugin_informativeness(np.nan_to_num(p), pol.group_size), pol.answer_keep_at, pol.answer_floor,
-                                pol.answer_keep_power)
-        ok = known & (self.history.answer_prob_version[idx] >= 0) & (keep < SETTLED_KEEP)
+        p, version = self.history.answer_prob[idx], self.history.answer_prob_version[idx]  # version -1: never scored
+        keep = keep_probability(plugin_informativeness(p, pol.group_size), pol.answer_keep_at, pol.answer_floor, pol.answer_keep_power)
+        ok = (version >= 0) & (self.model_version - version <= pol.answer_reuse_versions) & (keep < SETTLED_KEEP)
         out[ok] = p[ok]
         return out
 
