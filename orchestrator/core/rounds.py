@@ -276,8 +276,12 @@ class Rounds:
         the comparison's seed 0: 118,062 scores in 12,000 rollouts, the rollout phase 6x
         ``epoch``'s). A reused score is not refreshed: the task is scored again once it is older.
 
+        Args:
+            task_ids: the k tasks about to be screened.
         Returns:
             (k,) float64, p or NaN.
+        Raises:
+            UnknownTaskError: a task id not in the task set.
         """
         idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
         pol = self.policy

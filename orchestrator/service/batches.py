@@ -123,16 +123,17 @@ class BatchHandOut:
         expected to fill the batch; returns the tasks to roll and their screen plan."""
         kept: list = []
         pending, part = tasks, 0
+        async with self._lock:
+            prob = self.core.answer_reused([t.task_id for t in pending])
         while pending:
-            async with self._lock:
-                prob = self.core.answer_reused([t.task_id for t in pending])
             fresh = np.isnan(prob)
             if fresh.any():
                 prob[fresh] = await asyncio.to_thread(self.rollout_source.answer_probability, [t for t, f in zip(pending, fresh) if f])
-            async with self._lock:
+            async with self._lock:  # one hold: record this part, draw the top-up, read its reusable scores
                 keep = self.core.answer_screen([t.task_id for t in pending], prob, tag if part == 0 else f"{tag}.{part}", fresh)
                 kept += [t for t, k in zip(pending, keep) if k]
                 pending = [self.task_set.get(t) for t in self.core.answer_top_up()]
+                prob = self.core.answer_reused([t.task_id for t in pending])
             part += 1
         async with self._lock:
             return kept, self.core.screen_plan([t.task_id for t in kept])
