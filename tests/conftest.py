@@ -161,8 +161,9 @@ class DSOService:
     token: str | None
     handle: object = None
 
-    def orchestrator(self, policy: dict, script: dict | None = None, default: list | None = None, **kwargs):
-        """Replace the actor behind the service by a fresh one (scripted rollouts, fresh metrics)."""
+    def orchestrator(self, policy: dict, script: dict | None = None, default: list | None = None, *,
+                     source: object = None, **kwargs):
+        """Replace the actor behind the service by a fresh one (scripted rollouts, or ``source``; fresh metrics)."""
         import ray
 
         from orchestrator.rollout.scripted import ScriptedRolloutSource, ScriptedTasks
@@ -172,7 +173,7 @@ class DSOService:
         self.stop()
         tasks = kwargs.pop("tasks", sorted((script or {}).keys()) or ["t0"])
         self.handle = get_or_create_orchestrator(
-            policy, ScriptedTasks(tasks), ScriptedRolloutSource(script, default=default),
+            policy, ScriptedTasks(tasks), source or ScriptedRolloutSource(script, default=default),
             metrics=DSOMetrics(), name=self.actor_name, **kwargs,
         )
         ray.get(self.handle.ping.remote())

@@ -18,6 +18,7 @@ Endpoints (mutating ones need ``Authorization: Bearer <token>`` when a token is 
 ``POST /v1/replenish/pause``   stop starting replenish rounds (a policy change)
 ``POST /v1/replenish/resume``  start them again
 ``GET /metrics``           Prometheus text format (see :mod:`orchestrator.service.metrics`)
+``GET /dashboard``         the live page of the run (see :mod:`orchestrator.service.dashboard`)
 =========================  =============================================================
 
 Policy writes: each accepted change bumps the revision, is logged (by the actor and here,
@@ -60,6 +61,7 @@ from orchestrator.service.api import (
     PolicyState,
     ServiceSettings,
 )
+from orchestrator.service.dashboard import dashboard_router
 from orchestrator.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from orchestrator.service.names import OrchestratorUnavailable, PinnedPolicyError, PolicyConflictError
 
@@ -395,6 +397,7 @@ def create_app(settings: ServiceSettings | None = None, client: ActorClient | No
         text = await client.call("metrics_text")
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
+    app.include_router(dashboard_router())
     return app
 
 
