@@ -33,16 +33,17 @@ def chromium() -> str | None:
     return os.environ.get("DSO_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+pytestmark = pytest.mark.skipif(
+    chromium() is None, reason="chromium not installed (Debian: apt-get install chromium; `make test` does it as root)")
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Headless Chromium with a fresh profile, driven by Playwright; one per module."""
-    binary = chromium()
-    if binary is None:
-        pytest.skip("chromium not installed (Debian: apt-get install chromium; `make test` does it as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (the `dev` extra)")
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=binary, headless=True,
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=chromium(), headless=True,
             args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1200})
         try:
             yield context
