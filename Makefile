@@ -78,13 +78,23 @@ compare-sampling: $(STAMP)
 compare-gigpo-long: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-gigpo --setting sokoban
 
-# A real Prometheus server for the one test that scrapes the service with it (Debian package,
-# about 15 s; best effort: without it that test skips and says why).
+# A real Prometheus server for the tests that scrape the service with it and evaluate the Grafana
+# dashboard's queries (Debian package, about 15 s; best effort: without it those tests skip and say why).
 $(VENV)/.prometheus: | $(STAMP)
 	@command -v prometheus >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
-	  echo "installing Debian's prometheus for the real-scrape test (about 15 s)" && \
+	  echo "installing Debian's prometheus for the real-scrape tests (about 15 s)" && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
-	  echo "prometheus not installed: tests/service/test_metrics.py::test_a_real_prometheus_scrapes_the_service will skip"
+	  echo "prometheus not installed: tests/service/test_metrics.py::test_a_real_prometheus_scrapes_the_service" \
+	       "and tests/service/test_grafana_queries.py will skip"
+	touch $@
+
+# A headless browser for the live page's test (Debian's chromium, driven by the playwright package of
+# the dev extra; no browser is downloaded). Best effort, as above: without it that test skips and says why.
+$(VENV)/.chromium: | $(STAMP)
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  echo "installing Debian's chromium for the live page's browser test (about a minute)" && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
+	  echo "chromium not installed: tests/service/test_dashboard.py will skip"
 	touch $@
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link or anchor, or a
@@ -92,7 +102,7 @@ $(VENV)/.prometheus: | $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 
-test: $(STAMP) $(VENV)/.prometheus docs
+test: $(STAMP) $(VENV)/.prometheus $(VENV)/.chromium docs
 	$(PY) -m pytest
 
 bench: $(STAMP)

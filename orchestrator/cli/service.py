@@ -270,7 +270,8 @@ def register(app: typer.Typer) -> None:
 
         def ready(url: str) -> None:
             auth = "bearer token required for changes" if cfg.service.token() else "no token: changes are open"
-            typer.echo(f"trinity-dso REST service at {url}  (docs {url}/docs, metrics {url}/metrics; {auth})")
+            typer.echo(f"trinity-dso REST service at {url}  (live page {url}/dashboard, docs {url}/docs, "
+                   f"metrics {url}/metrics; {auth})")
 
         run_service(cfg, on_ready=ready)
 

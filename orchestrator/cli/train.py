@@ -163,13 +163,28 @@ def register(app: typer.Typer) -> None:
         config: Path | None = typer.Option(None, exists=True, dir_okay=False,
                                            help="YAML with the fields of DapoTrainConfig (in orchestrator/jobs/dapo_train.py)."),
         out: Path | None = typer.Option(None, help="Output directory (train.json, curves.png, sampling.png, metrics.prom)."),
+        http_port: int = typer.Option(0, min=0, max=65535, help="Port of the run's REST service and live page on "
+                                      "127.0.0.1 (0: a free one)."),
     ) -> None:
-        """The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval)."""
+        """The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval),
+        watched live at the printed /dashboard URL."""
+        import uuid
+
+        import ray
+
         from orchestrator.cli.service import load_yaml_model
         from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
+        from orchestrator.service.names import DEFAULT_NAMESPACE
+        from orchestrator.service.serve import serve_actor
 
         cfg = load_yaml_model(config, DapoTrainConfig, {"out_dir": out, "rollout_budget": budget, "seed": seed})
         t0 = time.perf_counter()
+        if not ray.is_initialized():
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=DEFAULT_NAMESPACE)
+        actor_name = f"dso-train-{uuid.uuid4().hex[:8]}"
+        url = serve_actor(actor_name, port=http_port)
+        console.print(f"live page of the run: [bold]{url}/dashboard[/bold]  (REST {url}/v1/stats, {url}/v1/policy; "
+                      f"metrics {url}/metrics; until the run ends)", soft_wrap=True)
         with console.status("starting") as status:
 
             def say(msg: str) -> None:
@@ -182,7 +197,7 @@ def register(app: typer.Typer) -> None:
                 if "heldout_acc" in row:
                     console.print(f"[dim]{time.perf_counter() - t0:6.1f}s[/dim] {escape(line)}", soft_wrap=True)
 
-            summary = run_dapo_training(cfg, progress=on_step, log=say)
+            summary = run_dapo_training(cfg, progress=on_step, log=say, actor_name=actor_name)
         console.print(train_table(summary))
         console.print(f"written: {cfg.out_dir / 'train.json'}, " + ", ".join([*summary["plots"], str(cfg.out_dir / "metrics.prom")]))
 

@@ -164,7 +164,7 @@ def start_engine(model_dir: Any, seed: int = 0) -> Any:
 
 
 def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | None = None,
-                      log: Callable[[str], None] | None = None, engine: Any = None) -> dict:
+                      log: Callable[[str], None] | None = None, engine: Any = None, actor_name: str | None = None) -> dict:
     """Run one training job; return its summary (also written to ``out_dir/train.json``, plots beside it).
 
     Args:
@@ -174,6 +174,9 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         engine: a running engine actor (:func:`start_engine`) of the same model shape to reuse (a
             comparison of many runs pays vLLM's start-up once): the run's warm-started weights are
             loaded into it first and verified, and it is left running.
+        actor_name: the name of the run's orchestrator actor (a REST app deployed for that name
+            serves it: :func:`orchestrator.service.serve.serve_actor`); default a fresh
+            ``dso-train-<hex>``.
     Returns:
         ``{"config", "wall_seconds", "start_heldout_acc", "end_heldout_acc", "steps": [...],
         "evals": [...], "stats", "sync": {...}, "rollouts_per_emitted_group"}``.
@@ -209,7 +212,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     held_source = VLLMRolloutSource(engine, held, SamplingConfig(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                                                  seed=cfg.seed + 1))
     held_tasks = list(held)
-    actor = OrchestratorActor.options(name=f"dso-train-{uuid.uuid4().hex[:8]}").remote(
+    actor = OrchestratorActor.options(name=actor_name or f"dso-train-{uuid.uuid4().hex[:8]}").remote(
         cfg.policy, train, source, seed=cfg.seed, metrics=DSOMetrics())
     trainer = PolicyTrainer(model_dir, cfg.trainer.model_copy(update={"seed": cfg.seed}))  # the run's seed, everywhere
     if not own_engine:

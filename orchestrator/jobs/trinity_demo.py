@@ -229,6 +229,7 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
     urls = {"rest": rest, "policy": f"{rest}/v1/policy", "stats": f"{rest}/v1/stats", "metrics": f"{rest}/metrics"}
     say(f"REST: {urls['policy']} (GET, PATCH)  {urls['stats']}")
     say(f"metrics: {urls['metrics']}")
+    say(f"live page of the run: {rest}/dashboard")
 
     # ---- Trinity's explorer in a thread; the trainer here reads its queue
     reader = get_buffer_reader(config.buffer.trainer_input.experience_buffer)

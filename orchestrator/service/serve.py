@@ -6,11 +6,14 @@ RayService: ``orchestrator.service.serve:build_app``), or ``trinity-dso serve``.
 
 from __future__ import annotations
 
+import socket
+
 from fastapi import FastAPI
 
 from orchestrator.service.api import ServiceSettings
 from orchestrator.service.app import create_app
 from orchestrator.service.config import ServeConfig, ensure_orchestrator
+from orchestrator.service.names import DEFAULT_NAMESPACE
 
 
 def _deployment():
@@ -56,3 +59,32 @@ def build_app(args: dict | None = None):
     return DSOService.options(num_replicas=s.num_replicas, max_ongoing_requests=s.max_ongoing_requests).bind(settings)
 
 
+
+
+def serve_actor(actor_name: str, *, namespace: str = DEFAULT_NAMESPACE, port: int = 0, app_name: str = "dso") -> str:
+    """Start Ray Serve's HTTP proxy on 127.0.0.1 and deploy the REST app (with its live page) for a named actor.
+
+    For a job that creates its orchestrator actor itself (``trinity-dso train``): the app looks the
+    actor up by name on each request, so it may be deployed before the actor exists (it answers
+    503 until then). Call it in a driver whose Ray (``ray.init``) has no Serve yet. The bearer
+    token is read from ``$DSO_API_TOKEN`` (none: policy changes are open to whoever reaches the
+    loopback port).
+
+    Args:
+        actor_name, namespace: the orchestrator actor's name and Ray namespace.
+        port: the proxy's port; 0 picks a free one.
+        app_name: the Serve application's name.
+    Returns:
+        The app's base URL, ``http://127.0.0.1:<port>`` (the page is ``<url>/dashboard``).
+    """
+    from ray import serve
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app({"orchestrator": None, "service": {"actor_name": actor_name, "namespace": namespace,
+                                                           "app_name": app_name, "port": port}}),
+              name=app_name, route_prefix="/")
+    return f"http://127.0.0.1:{port}"
