@@ -182,7 +182,7 @@ def test_the_page_keeps_polling_across_an_orchestrator_restart(page, dso_service
         assert_page_shows(page, client.get("/v1/stats").json())
 
 
-def test_the_page_and_its_files_come_from_the_service_not_the_internet(dso_service, actor):
+def test_the_page_and_its_files_come_from_the_service_not_the_internet(dso_service):
     with rest(dso_service) as client:
         r = client.get("/dashboard")
         assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
