@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	$(PY) -c "import torch, vllm, ray, trinity; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $(STAMP)
 
-# The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval).
+# The main job: a DAPO training run on CPU (orchestrator + vLLM + trainer + weight sync + held-out eval);
+# it prints the URL of its live page (http://127.0.0.1:PORT/dashboard) first.
 demo: $(STAMP)
 	$(VENV)/bin/trinity-dso train
 
