@@ -78,7 +78,6 @@ def test_the_readme_says_what_it_is_and_how_it_fits_before_the_set_up_and_the_se
     assert headings[:3] == ["## How it fits", "## Set-up on a fresh machine", "## Results"]
 
 
-
 def test_the_api_pages_show_a_sphinx_role_as_its_code_span():
     spec = importlib.util.spec_from_file_location("rst_roles", ROOT / "docs" / "hooks" / "rst_roles.py")
     module = importlib.util.module_from_spec(spec)
