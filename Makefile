@@ -92,7 +92,8 @@ $(VENV)/.prometheus: | $(STAMP)
 	touch $@
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link or anchor, or a
-# page left out of the nav, fails it. Offline, a few seconds; `make test` builds it first.
+# page left out of the nav, fails it. Offline, 15-60 s on 2 cores (the API reference reads every
+# module's docstrings); `make test` builds it first.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 
