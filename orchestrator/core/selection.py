@@ -42,6 +42,10 @@ class SelectionContext:
         groups: (T,) int64, each task's groups classified up to now (0: never rolled out); None
             when not given.
         options: the policy's ``selection_options`` (mode-specific settings, e.g. GRESO's).
+        drawn: (T,) bool, the tasks already in the round being drawn (its re-rolls, its earlier
+            draws); None: none. A draw never takes one of them again: in epoch order it ends
+            before the first one (which keeps its place for the next round), weighted draws
+            leave them out.
     """
 
     skip_until_epoch: np.ndarray
@@ -54,6 +58,11 @@ class SelectionContext:
     zero_streak_wrong: np.ndarray | None = None
     groups: np.ndarray | None = None
     options: dict = field(default_factory=dict)
+    drawn: np.ndarray | None = None
+
+    def in_round(self, tasks: np.ndarray) -> np.ndarray:
+        """(k,) bool: which of ``tasks`` are already in the round (:attr:`drawn`)."""
+        return np.zeros(len(tasks), dtype=bool) if self.drawn is None else self.drawn[tasks]
 
 
 SELECTIONS: dict[str, type] = {}
@@ -137,7 +146,8 @@ class TaskSelection:
         raise NotImplementedError
 
     def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
-        """(k,) int64 task indices, k <= count, distinct within the call."""
+        """(k,) int64 task indices, k <= count; distinct, and none of ``ctx.drawn``, in a round's
+        draw (``ctx.drawn`` given)."""
         raise NotImplementedError
 
     def fill(self, need: float, limit: int, ctx: SelectionContext) -> np.ndarray:
@@ -194,25 +204,38 @@ class EpochSelection(TaskSelection):
         return ctx.skip_until_epoch[tasks] <= self._epoch
 
     def select(self, count: int, ctx: SelectionContext) -> np.ndarray:
+        """Up to ``count`` tasks in epoch order, crossing into the next epochs as needed.
+
+        A round's draw (``ctx.drawn`` given: the round's tasks so far) ends before the first
+        eligible task already in the round or drawn in this call: a draw that wraps into the next
+        epoch meets the tasks it began with, and those wait for the next round, in their place in
+        the new epoch's order. Without ``ctx.drawn`` (``select_tasks``: picks for an external
+        explorer) a call may take a task once per epoch it crosses."""
         chosen: list[np.ndarray] = []
         epochs: list[np.ndarray] = []
         got = idle = 0
+        round_draw = ctx.drawn is not None
+        taken = np.asarray(ctx.drawn, dtype=bool).copy() if round_draw else np.zeros(self.num_tasks, dtype=bool)
         while got < count and idle <= self.max_idle_epochs and (ctx.max_epochs is None or self._epoch < ctx.max_epochs):
             rest = self.order(self._epoch)[self.cursor :]
-            take = np.flatnonzero(self.eligible(rest, ctx))[: count - got]
-            passed = int(take[-1]) + 1 if got + len(take) == count and len(take) else len(rest)
+            ok = self.eligible(rest, ctx)
+            again = np.flatnonzero(ok & taken[rest]) if round_draw else np.zeros(0, dtype=np.int64)
+            limit = int(again[0]) if len(again) else len(rest)  # a task already in the round ends the draw
+            take = np.flatnonzero(ok[:limit])[: count - got]
+            full = got + len(take) == count and len(take) > 0
+            passed = int(take[-1]) + 1 if full else limit
             self.passed_over += passed - len(take)
             chosen.append(rest[take])
             epochs.append(np.full(len(take), self._epoch, dtype=np.int64))
+            taken[rest[take]] = True
             got += len(take)
             idle = 0 if len(take) else idle + 1
-            if got == count and len(take):
-                self.cursor += int(take[-1]) + 1
-            else:
-                self.cursor = self.num_tasks
+            self.cursor += passed
             if self.cursor >= self.num_tasks:
                 self._epoch += 1
                 self.cursor = 0
+            if not full and limit < len(rest):
+                break
         self.picked_epochs = np.concatenate(epochs) if epochs else np.zeros(0, dtype=np.int64)
         return np.concatenate(chosen).astype(np.int64) if chosen else np.zeros(0, dtype=np.int64)
 
@@ -296,8 +319,8 @@ class InformativeSelection(TaskSelection):
         return self.picks // self.num_tasks
 
     def due(self, ctx: SelectionContext) -> np.ndarray:
-        """(T,) bool: eligible tasks not drawn for ``revisit_epochs`` epochs of picks."""
-        eligible = ctx.skip_until_epoch <= self.epoch
+        """(T,) bool: eligible tasks not drawn for ``revisit_epochs`` epochs of picks (and not in the round)."""
+        eligible = (ctx.skip_until_epoch <= self.epoch) & ~ctx.in_round(np.arange(self.num_tasks))
         return eligible & (self.picks - self.last_pick >= ctx.revisit_epochs * self.num_tasks)
 
     def order(self, ctx: SelectionContext) -> tuple[np.ndarray, int]:
@@ -308,7 +331,8 @@ class InformativeSelection(TaskSelection):
         due_idx = due_idx[np.argsort(self.last_pick[due_idx], kind="stable")]
         rng = np.random.default_rng([self.seed, 1, self.draws])
         self.draws += 1
-        q = draw_weights(ctx.informative, eligible & ~due, ctx.explore, ctx.sharpness)
+        q = draw_weights(ctx.informative, eligible & ~due & ~ctx.in_round(np.arange(self.num_tasks)), ctx.explore,
+                         ctx.sharpness)
         return np.concatenate([due_idx, weighted_order(q, rng)]).astype(np.int64), len(due_idx)
 
     def left(self, count: int, ctx: SelectionContext) -> int:

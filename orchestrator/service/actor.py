@@ -252,9 +252,13 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         """
         return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id, held=held)
 
-    async def submit_experiences(self, experiences: list[Experience], model_version: int = 0) -> list[str]:
+    async def submit_experiences(
+        self, experiences: list[Experience], model_version: int = 0, call_id: str | None = None
+    ) -> list[str]:
         """Group experiences by ``(eid.task, eid.round_tag)`` (one group per task and round, in run
-        order) and submit them; see :meth:`submit_groups` for errors (e.g. a ragged group).
+        order, the groups in the order their first experience comes) and submit them; see
+        :meth:`submit_groups` for errors (e.g. a ragged group) and for ``call_id`` (a re-sent
+        call is recognised: an untagged group is ``anon:<call_id>:<its position>``).
 
         Multi-turn step experiences (``eid.step``) become one rollout per trajectory first
         (:func:`orchestrator.core.machine.trajectory_rollouts`): the filter judges each
@@ -271,7 +275,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             Group(task_id=task, rollouts=sorted(rs, key=lambda e: e.eid.run), model_version=model_version)
             for (task, _), rs in by_key.items()
         ]
-        return await self.submit_groups(groups)
+        return await self.submit_groups(groups, call_id=call_id)
 
     @ray.method(max_task_retries=RETRIES)
     def exhausted(self) -> bool:

@@ -13,7 +13,7 @@ Only calls that are idempotent by construction may be re-sent this way:
 * reads (``ping``, ``get_policy``, ``get_stats``, ``exhausted``, ``held_refs``, ...);
 * ``attach_run`` (the same session attaches once), ``set_model_version`` (sets a value);
 * the calls that hand something out, with a ``call_id``: ``submit_and_pop``,
-  ``submit_groups``, ``pop_batch``, ``next_batch``, ``close_batch``, ``finish_batch``,
+  ``submit_groups``, ``submit_experiences``, ``pop_batch``, ``next_batch``, ``close_batch``, ``finish_batch``,
   ``next_tasks``: a retry of a committed call is answered with what the first attempt handed
   out, and a re-submitted group is recognised by its key (a group without a round tag gets
   its identity from the call id and its position in the call).

@@ -15,12 +15,16 @@ rollout step):
    (``algorithm.policy_loss_fn``, e.g. ``dso_clip_higher``) called as verl's actor calls it
    (``logprob``, ``old_logprob``, ``action_mask``, ``advantages``, each (b, T)).
 
-Token-mean over micro-batches: the loss function returns its micro-batch's token mean; it is
-weighted by the micro-batch's share of the mini-batch's *tokens* before ``backward``, so the
-accumulated gradient is the mini-batch's token mean exactly (DAPO Eq. 12). verl weights each
-micro-batch by its share of *sequences* (``loss * micro_bsz / mini_bsz``), which equals the
-token mean only when every micro-batch has the same tokens per sequence; ``micro_weight="seqs"``
-gives verl's weighting. For the ``seq-mean-*`` modes both weightings are the sequence share.
+Micro-batches: every micro-batch's loss is its exact share of the mini-batch's loss, and the
+shares are summed (verl >= 0.8's engine, ``forward_backward_batch``): the loss function gets
+each row's mini-batch counts (``dso_batch_counts``: rows, sequences with response tokens,
+response tokens; :func:`algos.dapo.batch_loss_counts`, computed here per mini-batch as verl's
+actor computes ``global_batch_info``) and divides by them, not by the micro-batch's own
+(:func:`algos.dapo.batch_share_loss`). So the loss and gradient of a mini-batch are the same for
+every micro-batch size and wherever padding rows fall, under every ``loss_agg_mode`` and both
+``loss_agg_empty_seqs``. A loss function without that argument (Trinity's own) gets
+Trinity's legacy weighting instead: its micro-batch mean times the micro-batch's share of the
+mini-batch's tokens (``token-mean``, as ``fix_actor_microbatch_loss_scale``) or rows.
 
 Zero-weight experiences: padding groups (``info["dso_padding"]``) and masked members
 (``info["dso_masked"]``) reach the trainer with an all-zero ``action_mask`` (the operator sets
@@ -31,13 +35,15 @@ not run at all (its loss would be 0 / 0).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from algos.dapo import batch_loss_counts
 from orchestrator.train.trainer import PolicyTrainer, TrainStepError, token_logprobs
+from orchestrator.trinity.loss import COUNTS_FIELD
 
 
 class TrinityStepConfig(BaseModel):
@@ -52,8 +58,6 @@ class TrinityStepConfig(BaseModel):
     policy_loss_fn_args: dict = Field(default_factory=dict)
     mini_batches: int = Field(2, ge=1, description="Optimizer updates per batch (the policy's mini-batches).")
     micro_batch_size: int = Field(16, ge=1, description="Sequences per forward/backward pass.")
-    micro_weight: Literal["tokens", "seqs"] = Field("tokens", description="Weight of a micro-batch's token-mean loss: "
-                                                    "its share of tokens (exact) or of sequences (verl).")
 
 
 def pack_trinity(exps: list) -> dict[str, torch.Tensor]:
@@ -115,6 +119,7 @@ class TrinityBatchTrainer:
         self.advantage_fn = adv_cls(**{**adv_cls.default_args(), **config.advantage_fn_args})
         self.loss_fn = loss_cls(**{**loss_cls.default_args(), **config.policy_loss_fn_args})
         self.token_mean = getattr(self.loss_fn, "loss_agg_mode", "token-mean") == "token-mean"
+        self.takes_counts = COUNTS_FIELD in getattr(self.loss_fn, "_select_keys", ())
         self._rng = np.random.default_rng(policy.config.seed)
 
     def train(self, exps: list) -> dict[str, Any]:
@@ -163,6 +168,7 @@ class TrinityBatchTrainer:
         model, cfg = self.policy.model, self.config
         mask_all = data["action_mask"][rows]
         mini_tokens, mini_seqs = float(mask_all.sum()), float(len(rows))
+        counts = batch_loss_counts(mask_all).to(torch.float32)
         self.policy.optimizer.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "entropy": 0.0}
         for start in range(0, len(rows), cfg.micro_batch_size):
@@ -174,15 +180,19 @@ class TrinityBatchTrainer:
             lp_all, ent_all = token_logprobs(model, data["input_ids"][idx], data["attention_mask"][idx])
             pos = data["positions"][idx]
             lp, ent = lp_all.gather(1, pos), ent_all.gather(1, pos)
+            extra = {COUNTS_FIELD: counts.expand(len(idx), 3)} if self.takes_counts else {}
             loss, metrics = self.loss_fn(logprob=lp, old_logprob=data["old_logprob"][idx], action_mask=mask,
-                                         advantages=data["advantages"][idx])
-            weight = tokens / mini_tokens if (self.token_mean and cfg.micro_weight == "tokens") else len(idx) / mini_seqs
+                                         advantages=data["advantages"][idx], **extra)
+            if self.takes_counts:  # the micro-batch's share of the mini-batch loss: summed
+                weight = 1.0
+            else:  # Trinity's legacy actor: a micro-batch mean, weighted by its share
+                weight = tokens / mini_tokens if self.token_mean else len(idx) / mini_seqs
             if not torch.isfinite(loss):
                 raise TrainStepError(f"step {self.policy.step}: loss is {loss.item()} (micro-batch rows {idx.tolist()[:8]}...)")
             (loss * weight).backward()
             acc["loss"] += float(loss.detach()) * weight
-            acc["pg_clipfrac"] += metrics["pg_clipfrac"] * weight
-            acc["ppo_kl"] += metrics["ppo_kl"] * weight
+            acc["pg_clipfrac"] += metrics["pg_clipfrac"] * tokens / mini_tokens  # token means: token-weighted
+            acc["ppo_kl"] += metrics["ppo_kl"] * tokens / mini_tokens
             acc["entropy"] += float((ent.detach() * mask).sum()) / mini_tokens
         for name, p in model.named_parameters():
             if p.grad is not None and not torch.isfinite(p.grad).all():

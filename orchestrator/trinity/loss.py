@@ -8,6 +8,32 @@ from trinity.algorithm.policy_loss_fn import PolicyLossFn
 
 from algos.dapo import EmptySeqs, LossAggMode, aggregate_loss, clip_higher_policy_loss
 
+COUNTS_FIELD = "dso_batch_counts"
+"""The batch field (and ``Experience.info`` key, carried by a Trinity ``CustomField``) holding each
+row's whole-batch ``rows``, ``seqs`` and ``tokens`` (:func:`algos.dapo.batch_loss_counts`), set
+where a batch is released (:meth:`orchestrator.trinity.operator.OrchestratorOperator.expand`)."""
+
+
+def trainer_convention() -> str:
+    """How the installed Trinity trainer weights the micro-batch losses it accumulates.
+
+    ``"sum"``: verl >= 0.8 (Trinity 0.6's engine path, ``trinity/trainer/verl/losses.py``; and
+    our CPU trainer): each micro-batch's loss is back-propagated as returned (verl's engine,
+    ``forward_backward_batch``), gradients averaged over data-parallel ranks. ``"legacy"``:
+    verl < 0.8 (Trinity's ``trinity/trainer/verl_legacy/dp_actor.py``, ``update_policy``): the
+    loss is multiplied by ``rows / ppo_mini_batch_size`` (``1 / gradient_accumulation``), or for
+    ``token-mean`` with ``fix_actor_microbatch_loss_scale`` (which our ``check_config`` sets) by
+    ``tokens / mini-batch tokens x world size``.
+    """
+    from trinity.trainer import is_verl_legacy
+
+    return "legacy" if is_verl_legacy() else "sum"
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
 
 class ClipHigherLossArgs(BaseModel):
     """``policy_loss_fn_args`` of ``dso_clip_higher``, validated at construction (every number
@@ -41,9 +67,17 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
     Per token, ``ratio = exp(logprob - old_logprob)``,
     ``l = max(-A * ratio, -A * clip(ratio, 1 - clip_range_low, 1 + clip_range_high))``, and with
     ``clip_ratio_c = c`` (dual clip, Ye et al. 2020) ``l = min(l, -A * c)`` where ``A < 0``.
-    The per-token loss is reduced by :func:`algos.dapo.aggregate_loss` over the micro-batch:
-    ``token-mean`` (default, DAPO Eq. 12), ``seq-mean-token-mean`` or
-    ``seq-mean-token-sum-norm`` (Dr. GRPO, with the fixed length ``loss_agg_norm_length``).
+    The per-token loss is reduced as ``token-mean`` (default, DAPO Eq. 12),
+    ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr. GRPO, with the fixed length
+    ``loss_agg_norm_length``) over the *whole* batch, whatever the micro-batches: each row
+    carries its batch's counts (``dso_batch_counts``, set by the ``dso_orchestrator`` operator
+    at release), the micro-batch returns its exact share of the batch's loss
+    (:func:`algos.dapo.batch_share_loss`, verl's ``global_batch_info`` rule) times the
+    data-parallel world size, and under verl < 0.8 divided by the scale Trinity's legacy actor
+    applies (:func:`trainer_convention`). So the loss and gradient of a mini-batch do not depend
+    on its micro-batch size or on where padding rows fall. Trinity 0.6's own
+    ``aggregate_loss`` (its ``ppo`` loss) divides by the micro-batch's own token or sequence
+    count; without ``dso_batch_counts`` (a direct call) this loss does the same.
 
     Same argument names as Trinity's ``ppo`` loss, so YAMLs carry over. Differences from
     Trinity's ``ppo``: dual clip is optional (``None`` disables it; Trinity's is always on at
@@ -99,6 +133,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         self.clip_ratio_c = args.clip_ratio_c
         self.loss_agg_mode = args.loss_agg_mode
         self.loss_agg_empty_seqs = args.loss_agg_empty_seqs
+        self.convention = trainer_convention()
 
     def __call__(  # type: ignore[override]
         self,
@@ -106,6 +141,7 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
         old_logprob: torch.Tensor,
         action_mask: torch.Tensor,
         advantages: torch.Tensor,
+        dso_batch_counts: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, dict]:
         """Loss and metrics for one micro-batch.
@@ -114,8 +150,13 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             logprob, old_logprob: (B, T) float. Current and behaviour log-probs of response tokens.
             action_mask: (B, T) bool or {0, 1}. Response tokens that count.
             advantages: (B, T) float.
+            dso_batch_counts: (B, 3) float, or None. Each row's whole-batch rows, seqs, tokens
+                (:data:`COUNTS_FIELD`); None: the micro-batch's own counts (Trinity's ``aggregate_loss``).
         Returns:
-            loss: () float, differentiable in ``logprob``.
+            loss: () float, differentiable in ``logprob``. With counts, under verl >= 0.8 and
+            our CPU trainer, the micro-batch's share of the batch loss x world size (the
+            shares add up to the batch's loss); under verl < 0.8, that share divided by the
+            legacy actor's micro-batch scale.
             metrics: ``pg_loss``, ``pg_clipfrac`` (share of tokens where the clip bound was
             active), ``pg_clipfrac_lower`` (share where the dual clip was active), ``ppo_kl``
             (token mean of ``old_logprob - logprob``).
@@ -131,7 +172,10 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             loss_agg_mode=self.loss_agg_mode,
             norm_length=self.loss_agg_norm_length,
             empty_seqs=self.loss_agg_empty_seqs,
+            counts=dso_batch_counts,
         )
+        if dso_batch_counts is not None:
+            loss = loss * self._scale(dso_batch_counts, action_mask)
         with torch.no_grad():
             mask = action_mask.to(logprob.dtype)
             denom = mask.sum().clamp(min=1.0)
@@ -152,6 +196,22 @@ class DsoClipHigherPolicyLossFn(PolicyLossFn):
             "ppo_kl": float(ppo_kl),
         }
         return loss, metrics
+
+    def _scale(self, counts: torch.Tensor, action_mask: torch.Tensor) -> float:
+        """The factor turning the micro-batch's share of its batch's loss into what the trainer
+        expects (:func:`trainer_convention`): ``world size`` when the trainer sums micro-batch
+        losses (verl >= 0.8); under verl < 0.8, ``world size / legacy scale``:
+        ``rows of the batch / rows of the micro-batch`` (``1 / gradient_accumulation`` =
+        ``rows / (ppo_mini_batch_size / world size)``), or for ``token-mean`` (token scale
+        ``tokens / batch tokens x world size``) ``batch tokens / micro-batch tokens``.
+        Batch sizes are read from the first row (every row of a released batch carries the same)."""
+        if self.convention == "sum":
+            return float(_world_size())
+        c = torch.as_tensor(counts, dtype=torch.float64)[0]
+        if self.loss_agg_mode == "token-mean":
+            own = float(torch.as_tensor(action_mask).sum())
+            return float(c[2]) / own if own > 0 else 0.0
+        return float(c[0]) / action_mask.shape[0]
 
     @classmethod
     def default_args(cls) -> dict:

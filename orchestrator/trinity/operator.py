@@ -12,9 +12,10 @@ import numpy as np
 import ray
 import torch
 from trinity.buffer.operators import ExperienceOperatorV1
+from trinity.common.experience import CustomField
 from trinity.common.experience import Experience as TrinityExperience
 
-from algos.dapo import GroupReason
+from algos.dapo import GroupReason, batch_loss_counts
 from orchestrator.core.machine import DataExhaustedError
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import GroupTable
@@ -28,6 +29,36 @@ from orchestrator.trinity.attach import (
 )
 from orchestrator.trinity.fields import MASKED, NO_INFO, tid_codes
 from orchestrator.trinity.held import HeldPayloadLostError, HeldPayloads
+from orchestrator.trinity.loss import COUNTS_FIELD
+
+COUNTS = CustomField(source_field=COUNTS_FIELD, destination_field=COUNTS_FIELD, data_type=torch.float32)
+"""Trinity's way to turn ``info[COUNTS_FIELD]`` into a batch tensor the loss function selects
+(``to_data_proto``: one row per experience)."""
+
+
+def stamp_batch_counts(exps: list[TrinityExperience]) -> None:
+    """Write the released batch's loss counts into every experience, in place.
+
+    ``info["dso_batch_counts"]`` = ``[rows, seqs, tokens]`` of the whole batch
+    (:func:`algos.dapo.batch_loss_counts` over the action masks, after padding and masked
+    members were zeroed), and the :data:`COUNTS` custom field, so that ``dso_clip_higher``
+    normalises every micro-batch by the whole batch's counts (verl's rule), not by its own.
+    Trinity's trainer reads one released batch per step (``train_batch_size`` = the batch's
+    experiences); a step-wise run whose trainer batch spans several released batches gets each
+    row normalised by the batch it was released in.
+    """
+    if not exps:
+        return
+    masks = [torch.as_tensor(e.action_mask if e.action_mask is not None else torch.ones(len(e.tokens) - e.prompt_length))
+             for e in exps]
+    width = max(1, max(len(m) for m in masks))
+    mask = torch.zeros((len(exps), width))
+    for i, m in enumerate(masks):
+        mask[i, :len(m)] = m.to(mask.dtype)
+    counts = [float(v) for v in batch_loss_counts(mask)]
+    for e in exps:
+        e.info[COUNTS_FIELD] = counts
+        e.custom_fields = [f for f in (e.custom_fields or []) if f.source_field != COUNTS_FIELD] + [COUNTS]
 
 log = logging.getLogger("trinity_dso.trinity")
 
@@ -299,6 +330,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         ``info["dso_reward"]``: Trinity's trainer gathers every experience's reward into one
         tensor (one None drops the batch's rewards, one NaN makes its reward metrics NaN);
         ``dso_grpo`` leaves masked members out of the baseline whatever their reward.
+        Every experience carries the batch's loss counts (:func:`stamp_batch_counts`).
         """
         out: list[TrinityExperience] = []
         batch_id = int(batch.batch_id)
@@ -316,6 +348,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
                     if not _finite(s.reward):  # Trinity's trainer gathers every reward
                         info["dso_reward"], s.reward = s.reward, 0.0
             out.extend(steps)
+        stamp_batch_counts(out)
         return out
 
     async def _sweep(self, actor: Any, held: list[str], refresh: bool) -> None:

@@ -5,9 +5,12 @@ import pytest
 import torch
 
 from algos.dapo import (
+    LOSS_AGG_MODES,
     GroupReason,
     InvalidGroupError,
     aggregate_loss,
+    batch_loss_counts,
+    batch_share_loss,
     classify_groups,
     clip_higher_policy_loss,
     group_advantages,
@@ -312,3 +315,46 @@ def test_clip_higher_refuses_a_nan_bound(name):
     lp = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=rf"{name}: must be a finite number"):
         clip_higher_policy_loss(lp, lp, torch.ones(1, 2), torch.ones(1, 2), **{name: float("nan")})
+
+
+# --------------------------------------------------------------------- batch_share_loss
+def test_batch_loss_counts_counts_rows_sequences_with_tokens_and_tokens():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert batch_loss_counts(mask).tolist() == [3.0, 2.0, 3.0]
+
+
+def test_batch_share_of_a_micro_batch_by_hand():
+    """Whole batch: rows [1, 2] (2 tokens), [4] (1 token), two padding rows: counts 4 rows,
+    2 sequences, 3 tokens. The micro-batch of the first row alone: token-mean (1 + 2) / 3 = 1;
+    seq-mean-token-mean, skip: 1.5 / 2 = 0.75; count: 1.5 / 4 = 0.375; sum-norm (L = 2), skip:
+    3 / (2 * 2) = 0.75."""
+    loss = torch.tensor([[1.0, 2.0]])
+    mask = torch.tensor([[1, 1]])
+    counts = torch.tensor([[4.0, 2.0, 3.0]])
+    assert float(batch_share_loss(loss, mask, "token-mean", counts)) == pytest.approx(1.0)
+    assert float(batch_share_loss(loss, mask, "seq-mean-token-mean", counts)) == pytest.approx(0.75)
+    assert float(batch_share_loss(loss, mask, "seq-mean-token-mean", counts, empty_seqs="count")) == pytest.approx(0.375)
+    assert float(batch_share_loss(loss, mask, "seq-mean-token-sum-norm", counts, norm_length=2)) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("empty", ["skip", "count"])
+def test_batch_shares_of_any_split_add_up_to_the_whole_batch_loss(mode, empty):
+    torch.manual_seed(0)
+    loss = torch.randn(6, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]])
+    counts = batch_loss_counts(mask).expand(6, 3)
+    whole = aggregate_loss(loss, mask, mode, norm_length=4, empty_seqs=empty)
+    for cuts in ([0, 6], [0, 1, 2, 3, 4, 5, 6], [0, 2, 5, 6]):
+        shares = sum(batch_share_loss(loss[a:b], mask[a:b], mode, counts[a:b], norm_length=4, empty_seqs=empty)
+                     for a, b in zip(cuts, cuts[1:]))
+        assert float(shares) == pytest.approx(float(whole), rel=1e-12)
+
+
+def test_batch_share_refuses_counts_below_what_the_rows_hold():
+    with pytest.raises(ValueError, match="row 0 holds 2 of what its batch counts as 1"):
+        batch_share_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean", torch.tensor([[1.0, 1.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"counts: expected shape \(1, 3\)"):
+        batch_share_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean", torch.tensor([1.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        batch_share_loss(torch.ones(1, 2), torch.ones(1, 2), "token-mean", torch.tensor([[1.0, float("nan"), 2.0]]))

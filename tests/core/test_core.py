@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from algos.dapo import InvalidGroupError
@@ -51,13 +52,26 @@ def test_dropped_groups_counted_by_reason():
 
 
 def test_plan_sizes_round_by_predicted_keep_rate():
-    c = core(target_groups=4)
+    c = OrchestratorCore(ResamplingPolicy(target_groups=4, group_size=2), [f"t{i}" for i in range(30)], seed=0)
     plan = c.plan_round()  # no history: p = 1/2 -> ceil(4 / 0.5) = 8
     assert plan.purpose == "initial" and len(plan.task_ids) == 8
     c.submit([group(t, MIXED if t in ("t0",) else WRONG) for t in TASKS[:8]])
     # p = (1 + 1) / (8 + 2) = 0.2, missing 3 -> ceil(3 / 0.2) = 15
     plan = c.plan_round()
     assert plan.purpose == "replenish" and plan.round == 1 and len(plan.task_ids) == 15
+
+
+def test_a_round_holds_a_task_once_when_its_draw_wraps_into_the_next_epoch():
+    # 10 tasks: round 0 takes 8 of epoch 0; round 1 asks for 15 (keep rate 0.2, 3 missing): the 2
+    # left in epoch 0 (t8, t1), then epoch 1's order (t9, t1, ...) up to t1, which the round holds
+    c = core(target_groups=4)
+    epoch0 = [TASKS[i] for i in np.random.default_rng([0, 0]).permutation(10)]
+    epoch1 = [TASKS[i] for i in np.random.default_rng([0, 1]).permutation(10)]
+    assert (epoch0[8:], epoch1[:2]) == (["t8", "t1"], ["t9", "t1"])
+    first = c.plan_round().task_ids
+    c.submit([group(t, MIXED if t == first[0] else WRONG) for t in first])
+    assert c.plan_round().task_ids == ["t8", "t1", "t9"]
+    assert c.plan_round().task_ids[0] == "t1"  # the next round starts where that draw stopped
 
 
 def test_plan_respects_min_keep_rate_and_max_tasks():

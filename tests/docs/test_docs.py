@@ -65,3 +65,22 @@ def test_a_model_becomes_a_table_with_type_default_constraints_and_description()
 def test_a_marker_naming_a_model_that_does_not_exist_fails_the_build():
     with pytest.raises(RuntimeError, match="orchestrator.core.policy:NoSuchPolicy"):
         _hook().render("<!-- config-table: orchestrator.core.policy:NoSuchPolicy -->\n")
+
+
+def test_no_documentation_page_is_over_500_lines():
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    assert pages, "the docs folder has pages"
+    assert [(str(p.relative_to(ROOT)), n) for p in pages if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500] == []
+
+
+def test_the_readme_says_what_it_is_and_how_it_fits_before_the_set_up_and_the_set_up_before_the_results():
+    headings = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## How it fits", "## Set-up on a fresh machine", "## Results"]
+
+
+def test_the_api_pages_show_a_sphinx_role_as_its_code_span():
+    spec = importlib.util.spec_from_file_location("rst_roles", ROOT / "docs" / "hooks" / "rst_roles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    html = "see :class:<code>~orchestrator.core.types.Group</code> and :meth:<code>plan_round</code>, not :x:<code>y</code>"
+    assert module.strip_roles(html) == "see <code>Group</code> and <code>plan_round</code>, not :x:<code>y</code>"

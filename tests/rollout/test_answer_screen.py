@@ -60,7 +60,8 @@ def test_a_skip_costs_no_rollout_and_is_counted():
 def test_skips_size_the_next_round():
     # 4 tasks skipped, nothing submitted: keep rate (0 + 1) / (0 + 4 + 2) = 1/6, 2 groups missing
     # -> ceil(2 * 6) = 12 tasks, capped at max_tasks_per_round
-    c = _core(answer_floor=0.0, max_tasks_per_round=10)
+    c = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=8, answer_screen=True, answer_floor=0.0,
+                                          max_tasks_per_round=10), [f"t{i}" for i in range(30)], seed=0)
     plan = c.plan_round()
     c.answer_screen(plan.task_ids[:4], np.zeros(4), "b0r0")
     assert c.predicted_keep_rate() == pytest.approx(1 / 6)
@@ -177,6 +178,23 @@ def test_the_round_is_topped_up_until_the_kept_tasks_are_expected_to_fill_the_ba
     assert len(more) == 5 and not set(more) & set(plan.task_ids)
     c.answer_screen(more, np.full(5, 0.5), "b0r0.1")  # 5 x 0.992 expected >= 2 missing
     assert c.answer_top_up() == []
+
+
+def test_a_top_up_that_wraps_into_the_next_epoch_draws_no_task_of_the_round_twice():
+    # 10 tasks; every scored task is settled (skipped), so the top-ups ask for up to 16 scored in
+    # the round: they take the rest of epoch 0 and stop before epoch 1's first task, which the round
+    # holds already; that task opens the next round's draw (its place in epoch 1 kept)
+    c = _core(answer_floor=0.0, max_tasks_per_round=16)
+    plan = c.plan_round()
+    drawn = list(plan.task_ids)
+    c.answer_screen(drawn, np.ones(len(drawn)), "b0r0")
+    while more := c.answer_top_up():
+        drawn += more
+        c.answer_screen(more, np.ones(len(more)), f"b0r0.{len(drawn)}")
+    assert sorted(drawn) == sorted(f"t{i}" for i in range(10))  # each task once, though 16 were asked for
+    epoch1 = [f"t{i}" for i in np.random.default_rng([0, 1]).permutation(10)]
+    c.submit([])
+    assert c.plan_round().task_ids[0] == epoch1[0]
 
 
 def test_no_top_up_once_the_kept_tasks_are_expected_to_fill_the_batch():

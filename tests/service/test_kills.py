@@ -12,6 +12,7 @@ restarts); the tests add no retry loop of their own.
 * 6 random kills while a driver calls ``submit_and_pop`` with call ids: the same, and every
   batch reaches the driver exactly once (a re-sent call gets the batches its lost answer held).
 * 5 random kills while a driver calls ``next_batch`` with call ids: every batch reaches it once.
+* 4 random kills while a driver calls ``submit_experiences`` with call ids: the same as the first.
 * 16 concurrent submitters: the same accounting.
 * a detached orchestrator created by a driver that exited (as Trinity's explorer creates it)
   restarts after a SIGKILL and resumes from its state file.
@@ -152,6 +153,31 @@ def test_ten_random_kills_lose_and_duplicate_no_untagged_group(ray_local, tmp_pa
     calls, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills", 11, 10, submit_then_pop, tagged=False)
     assert len(kills) == 10
     assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()  # every batch handed out, once (re-sends included)
+    check_accounting(calls, tmp_path / "run.db", sent, anon)
+    ray.kill(calls.handle)
+
+
+@pytest.mark.slow
+def test_kills_during_submit_experiences_with_call_ids_lose_and_duplicate_no_group(ray_local, tmp_path):
+    """``submit_experiences`` (untagged experiences, grouped by the actor) re-sent with its call id
+    while the actor restarts: every group counted once, none lost, every batch handed out once."""
+    anon: dict[str, tuple[str, str]] = {}
+
+    def submit_then_pop(calls, groups, step):
+        call_id = f"exps-{step}"  # its groups are numbered in the order their tasks first appear
+        anon.update({f"anon:{call_id}:{i}": (g.task_id, f"s{step}") for i, g in enumerate(groups)})
+        labels = calls.call("submit_experiences", [e for g in groups for e in g.rollouts], call_id=call_id)
+        ids = []
+        for k in itertools.count():
+            if (batch := calls.call("pop_batch", call_id=f"pop-{step}-{k}")) is None:
+                break
+            ids.append(batch.batch_id)
+        return list(labels), ids
+
+    calls, sent, handed, kills = drive_under_kills(tmp_path / "run.db", "dso-kills-exps", 14, 4, submit_then_pop,
+                                                   tagged=False)
+    assert len(kills) == 4
+    assert sorted(handed) == SQLiteSink(tmp_path / "run.db").batch_ids()
     check_accounting(calls, tmp_path / "run.db", sent, anon)
     ray.kill(calls.handle)
 

@@ -7,6 +7,7 @@ import torch
 from trinity.common.experience import EID, Experience
 
 import orchestrator.trinity.plugin  # noqa: F401  (registers dso_grpo and dso_clip_higher)
+from algos.dapo import LOSS_AGG_MODES
 from orchestrator.train.tiny import build_tiny_llama
 from orchestrator.train.trainer import PolicyTrainer, TrainerConfig
 from orchestrator.train.trinity_trainer import TrinityBatchTrainer, TrinityStepConfig, pack_trinity
@@ -40,25 +41,53 @@ def test_pack_puts_each_response_token_at_its_next_token_position():
     assert data["input_ids"].tolist() == [[5, 6, 7, 0, 0], [5, 6, 8, 9, 10]]
 
 
-def grads(model_dir, micro: int, weight: str) -> list[torch.Tensor]:
+def placed(order: str) -> list[Experience]:
+    """``batch()`` with its padding group first, last (as released) or spread among the kept rows."""
+    b = batch()
+    kept, pad = b[:4], b[4:]
+    return {"first": pad + kept, "last": kept + pad, "spread": [kept[0], pad[0], kept[1], kept[2], pad[1], kept[3]]}[order]
+
+
+def grads(model_dir, micro: int, *, mode: str = "token-mean", empty: str = "skip", order: str = "last") -> tuple[float, list]:
+    args = {"loss_agg_mode": mode, "loss_agg_empty_seqs": empty}
+    if mode == "seq-mean-token-sum-norm":
+        args["loss_agg_norm_length"] = 4
     policy = PolicyTrainer(model_dir, TrainerConfig(mini_batches=1))
     trainer = TrinityBatchTrainer(policy, TrinityStepConfig(train_batch_size=6, mini_batches=1, micro_batch_size=micro,
-                                                            micro_weight=weight))
-    metrics = trainer.train(batch())
+                                                            policy_loss_fn_args=args))
+    metrics = trainer.train(placed(order))
     assert metrics["padding_groups"] == 1 and metrics["padding_tokens"] == 0 and metrics["tokens"] == 10
-    return [p.grad.clone() for p in policy.model.parameters()]
+    return metrics["loss"], [p.grad.clone() for p in policy.model.parameters()]
 
 
-def test_token_weighted_micro_batches_give_the_whole_batch_token_mean_gradient(model_dir):
-    whole = grads(model_dir, 6, "tokens")
-    split = grads(model_dir, 1, "tokens")  # micro-batches of 1 to 4 tokens, and padding-only ones skipped
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("empty", ["skip", "count"])
+@pytest.mark.parametrize("order", ["first", "last", "spread"])
+def test_micro_batches_give_the_whole_mini_batch_loss_and_gradient(model_dir, mode, empty, order):
+    """Micro-batches of 1, 2 and 3 rows (uneven tokens, padding-only micro-batches among them)
+    against the whole mini-batch of 6, for every loss mode, both empty-sequence rules and every
+    padding placement: the same loss and gradient to 1e-6 relative."""
+    whole_loss, whole = grads(model_dir, 6, mode=mode, empty=empty, order=order)
+    scale = max(float(g.abs().max()) for g in whole)
+    assert scale > 0
+    for micro in (1, 2, 3):
+        loss, split = grads(model_dir, micro, mode=mode, empty=empty, order=order)
+        assert loss == pytest.approx(whole_loss, rel=1e-6), f"micro-batches of {micro}"
+        assert max(float((a - b).abs().max()) for a, b in zip(whole, split)) <= 1e-6 * scale, f"micro-batches of {micro}"
 
 
-def test_sequence_weighted_micro_batches_as_verl_differ_with_uneven_lengths(model_dir):
-    whole = grads(model_dir, 6, "tokens")
-    verl = grads(model_dir, 1, "seqs")
-    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, verl))
+def test_padding_rows_leave_the_seq_mean_loss_of_the_kept_rows_unchanged(model_dir):
+    """skip: the padding group is out of the sequence count, so the batch's seq-mean loss is
+    that of its four kept rows alone, micro-batches of 2 with the padding last included."""
+    b = batch()
+    args = {"loss_agg_mode": "seq-mean-token-mean"}
+    with_padding = TrinityBatchTrainer(PolicyTrainer(model_dir, TrainerConfig(mini_batches=1)),
+                                       TrinityStepConfig(train_batch_size=6, mini_batches=1, micro_batch_size=2,
+                                                         policy_loss_fn_args=args)).train(b)
+    alone = TrinityBatchTrainer(PolicyTrainer(model_dir, TrainerConfig(mini_batches=1)),
+                                TrinityStepConfig(train_batch_size=4, mini_batches=1, micro_batch_size=4,
+                                                  policy_loss_fn_args=args)).train(batch()[:4])
+    assert with_padding["loss"] == pytest.approx(alone["loss"], rel=1e-6)
 
 
 def test_advantages_come_from_trinitys_registry_and_padding_gets_none(model_dir):
