@@ -117,9 +117,9 @@ def test_the_page_shows_the_numbers_of_v1_stats_as_the_run_moves(page, actor, ds
     with rest(dso_service) as client:
         first = held_and_compared(page, run, client)
         seen = [first]
-        deadline, steered = time.monotonic() + 12, False
+        deadline, steered = time.monotonic() + 9, False
         while time.monotonic() < deadline:
-            time.sleep(2.5)
+            time.sleep(2)
             seen.append(held_and_compared(page, run, client))
             if not steered:  # a user steers the run over REST: the page marks the new revision
                 steered = client.patch("/v1/policy", json={"max_replenish_rounds": 2},
