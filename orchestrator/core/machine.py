@@ -198,7 +198,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         old = self.selection
         new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.task_ids), self.seed, policy)
         for sel in {**self.selections, policy.selection: new}.values():
-            sel.configure(policy)  # may refuse the policy (e.g. unknown selection_options): nothing changed yet
+            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
         self.selections[policy.selection] = new
         if new is not old:
             self._move_cooldowns(old.epoch, new.epoch)

@@ -19,7 +19,6 @@ import numpy as np
 
 from algos.dapo import GroupReason, InvalidGroupError, classify_groups
 from orchestrator.core.errors import short_repr
-from orchestrator.core.modes import GROUP_VALIDITY
 from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.table import CheckedTable, check_table, table_error
 from orchestrator.core.types import Group, GroupTable, Purpose, UnknownTaskError
@@ -81,7 +80,7 @@ class Submit:
         """
         p = self.policy
         n = p.group_size
-        validity = GROUP_VALIDITY[p.group_validity]
+        validity = p.mode("group_validity")
         check_group(g)
         self.task_index(g.task_id)
         if not g.rollouts:
