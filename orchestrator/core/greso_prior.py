@@ -17,7 +17,7 @@ rolled out with probability:
   (:func:`orchestrator.core.greso.keep_probability`), with GRESO's adaptive ``p_easy`` and
   ``p_hard``;
 * a task never rolled out: ``clip(I / keep_at, floor, 1)`` of its predicted chance ``I`` of an
-  informative group, from its tag's prior (:func:`orchestrator.core.skip.keep_probability`).
+  informative group, from its tag's prior (:func:`orchestrator.core.passrate.keep_probability`).
 
 ``selection_options`` takes the options of both (:class:`GresoPriorOptions`). This differs from the GRESO
 paper on purpose: the paper rolls every prompt out in its first epoch; ``greso`` is that
@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.core import greso, skip
+from orchestrator.core.passrate import keep_probability
 from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
 
@@ -46,7 +47,7 @@ class GresoPriorSelection(greso.GresoSelection):
 
     def keep_probability(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes."""
-        prior = skip.keep_probability(ctx.informative[tasks], self.options.keep_at, self.options.floor)
+        prior = keep_probability(ctx.informative[tasks], self.options.keep_at, self.options.floor)
         if ctx.groups is None or ctx.zero_streak_correct is None:
             return prior
         streak = greso.keep_probability(ctx.zero_streak_correct[tasks], ctx.zero_streak_wrong[tasks], self.p_easy, self.p_hard)

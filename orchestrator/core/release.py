@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from algos.dapo import GroupReason
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.stats import ratio
 from orchestrator.core.types import Batch
@@ -59,7 +59,7 @@ class Release:
                 keep[i] = True
         carry = carry.with_valid(valid)
         dropped = carry.take(~keep)
-        dropped.reasons = [GroupReason.STALE.label] * len(dropped)
+        dropped.reasons = [GroupOutcome.STALE.label] * len(dropped)
         self._drop(dropped)
         if p.requeue_stale:
             self.requeue.extend(dropped.task_ids)

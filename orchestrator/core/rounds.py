@@ -17,10 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.core.errors import short_repr
-from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness, plugin_informativeness
+from orchestrator.core.passrate import (
+    informative_after_unanimous_screen,
+    informativeness,
+    keep_probability,
+    plugin_informativeness,
+)
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
-from orchestrator.core.skip import keep_probability
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
 
@@ -299,7 +303,7 @@ class Rounds:
         answer_floor, 1)``, ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with
         pass rate p is informative (DAPO Eq. 11's event under a binomial,
         :func:`~orchestrator.core.passrate.plugin_informativeness`;
-        :func:`orchestrator.core.skip.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
+        :func:`orchestrator.core.passrate.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
         the default 4 is close to a threshold at ``answer_keep_at``: with p exact, a roll's worth is
         its chance ``I`` of an informative group against the same n rollouts for every task, so
         the cheapest rule rolls the tasks of highest ``I`` (docs/sampling.md, "Answer screen").

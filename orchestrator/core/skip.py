@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
+from orchestrator.core.passrate import keep_probability
 from orchestrator.core.registry import ModeOptions
 from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
@@ -37,24 +38,6 @@ class PredictedSkipOptions(ModeOptions):
 
     keep_at: float = Field(0.5, gt=0.0, le=1.0, description="Tasks predicted at least this informative are always kept.")
     floor: float = Field(0.05, ge=0.0, le=1.0, description="The least chance a task is kept when its turn comes (GRESO's p_min plays this part).")
-
-
-def keep_probability(informative: np.ndarray, keep_at: float, floor: float, power: float = 1.0) -> np.ndarray:
-    """``clip((I / keep_at) ** power, floor, 1)``: the chance a task is rolled out when its turn comes.
-
-    ``power`` 1 keeps a task in proportion to its chance of an informative group below ``keep_at``
-    (``predicted_skip``'s rule, like GRESO's probabilistic skip); a larger power is a softer form
-    of a threshold at ``keep_at`` (the answer screen's default, :mod:`orchestrator.core.policy`).
-
-    Args:
-        informative: (k,) float in [0, 1], predicted chance of an informative group.
-        keep_at: in (0, 1]; tasks predicted at least this informative are always kept.
-        floor: in [0, 1]; the least chance of a turn.
-        power: > 0; how sharply the chance falls below ``keep_at``.
-    Returns:
-        (k,) float64 in [floor, 1].
-    """
-    return np.clip((np.asarray(informative, dtype=np.float64) / keep_at) ** power, floor, 1.0)
 
 
 @register_selection
