@@ -37,6 +37,13 @@ def test_a_mode_has_a_typed_options_model_refusing_unknown_keys(field, name):
 
 
 @pytest.mark.parametrize(("field", "name"), EVERY_MODE)
+def test_a_mode_built_directly_refuses_an_unknown_option(field, name):
+    cls = MODES[field][name]
+    with pytest.raises(ValidationError, match="no_such_option"):
+        cls(4, 0, {"no_such_option": 1}) if field == "selection" else cls({"no_such_option": 1})
+
+
+@pytest.mark.parametrize(("field", "name"), EVERY_MODE)
 def test_an_unknown_option_is_refused_naming_the_field(field, name):
     message = f"{field}_options.no_such_option: not an option of {field} {name!r}"
     with pytest.raises(InvalidPolicyError, match=message):
