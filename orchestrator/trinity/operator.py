@@ -15,8 +15,9 @@ from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import CustomField
 from trinity.common.experience import Experience as TrinityExperience
 
-from algos.dapo import GroupReason, batch_loss_counts
+from algos.dapo import batch_loss_counts
 from orchestrator.core.machine import DataExhaustedError
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import GroupTable
 from orchestrator.trinity.attach import (
@@ -429,9 +430,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
         await self._sweep(actor, held, refresh=batches > len(ready))
         metrics = {
             "dso/groups_submitted": len(labels),
-            "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),
+            "dso/groups_kept": int((labels == GroupOutcome.INFORMATIVE.label).sum()),
             "dso/groups_incomplete": incomplete,
-            "dso/groups_invalid": int((labels == GroupReason.INVALID.label).sum()),
+            "dso/groups_invalid": int((labels == GroupOutcome.INVALID.label).sum()),
             "dso/batches_released": batches,
             "dso/groups_padding": padded,
             "dso/experiences_released": len(released),

@@ -100,9 +100,25 @@ def test_invalid_patch_is_422_naming_the_field_and_changes_nothing(orch, http):
 def test_an_answer_screen_the_source_cannot_serve_is_422_and_changes_nothing(orch, http):
     # the scripted source has no answer_probability: it cannot score answers
     before = http.get("/v1/policy").json()
-    r = http.patch("/v1/policy", json={"answer_screen": True}, headers=AUTH)
-    assert r.status_code == 422 and "answer_screen: true needs a rollout source that scores answers" in r.json()["message"]
+    r = http.patch("/v1/policy", json={"screen": "answer"}, headers=AUTH)
+    assert r.status_code == 422 and "screen: 'answer' needs a rollout source that scores answers" in r.json()["message"]
     assert http.get("/v1/policy").json() == before
+
+
+def test_an_unknown_or_misplaced_option_of_every_mode_is_422_naming_it_and_changes_nothing(orch, http):
+    from orchestrator.core.modes import MODES
+
+    for field, registry in MODES.items():
+        others = {k for cls in registry.values() for k in cls.Options.model_fields}
+        for name, cls in registry.items():
+            for option in ["no_such_option", *sorted(others - set(cls.Options.model_fields))]:
+                message = refused(http, "PATCH", {field: name, f"{field}_options": {option: 0.5}})
+                assert f"{field}_options.{option}: not an option of {field} {name!r}" in message, message
+
+
+def test_an_old_informative_field_over_rest_is_422_saying_where_it_moved(orch, http):
+    message = refused(http, "PATCH", {"selection": "informative", "selection_explore": 0.0})
+    assert "selection_explore moved to selection_options.explore" in message, message
 
 
 def test_invalid_put_is_422(orch, http):
@@ -134,7 +150,7 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
 def test_a_patch_of_gets_whole_body_is_422_saying_to_send_its_policy_object(orch, http):
     assert refused(http, "PATCH", http.get("/v1/policy").json()).startswith(
         'send the "policy" object of GET /v1/policy, not its whole body. '
-        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: answer_floor, "
+        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: cooldown_epochs, "
     )
 
 
@@ -153,9 +169,8 @@ def test_a_rejected_value_is_quoted_in_the_message(orch, http):
 
 def test_an_unknown_field_is_answered_with_the_valid_ones(orch, http):
     message = refused(http, "PATCH", {"target_grups": 8})
-    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: answer_floor, answer_keep_at, answer_keep_power, "
-                              "answer_reuse_versions, answer_screen, "
-                              "cooldown_epochs, filter, group_size, ")
+    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: cooldown_epochs, filter, group_size, "
+                              "group_validity, group_validity_options, ")
     assert "target_groups" in message
 
 
@@ -388,7 +403,7 @@ def test_selection_switched_over_rest_mid_run(svc, http):
     ray.get(orch.next_batch.remote())
     epoch_stats = http.get("/v1/stats").json()
     assert epoch_stats["selection"] == "epoch"
-    r = http.patch("/v1/policy", json={"selection": "informative", "selection_explore": 0.0}, headers=AUTH)
+    r = http.patch("/v1/policy", json={"selection": "informative", "selection_options": {"explore": 0.0}}, headers=AUTH)
     assert r.status_code == 200 and r.json()["policy"]["selection"] == "informative"
     ray.get(orch.next_batch.remote())
     s = http.get("/v1/stats").json()
