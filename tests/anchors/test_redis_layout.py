@@ -61,7 +61,7 @@ def test_insert_lua_writes_the_layouts_keys_and_fields(index, client, redis_name
     assert index.insert("b1", steps) == 2
     keys = layout.batch_keys(redis_namespace, "b1")
     assert client.hget(keys["meta"], layout.FENCE_FIELD).decode() == index.fence("b1")
-    assert client.hget(keys["steps"], layout.step_field(TASK, 2, 1)) == "s0\x1f0.25".encode()
+    assert client.hget(keys["steps"], layout.step_field(TASK, 2, 1)) == b"s0\x1f0.25"
     # group (TASK, s0): returns 1.5, 0.25 -> n 2, c 0.25, S1 = 1.25, S2 = 1.5625
     assert client.hget(keys["groups"], layout.group_field(TASK, "s0")).split() == [b"2", b"0.25", b"1.25", b"1.5625"]
     assert client.hget(keys["runs"], layout.run_field(TASK, 2, "n")) == b"2"
