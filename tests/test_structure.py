@@ -73,6 +73,7 @@ def _own_names(cls: ast.ClassDef) -> set[str]:
 
 
 def _reads(cls: ast.ClassDef) -> set[str]:
+    """Names read through ``self`` (dunder names, which Python gives every object, left out)."""
     return {
         node.attr
         for node in ast.walk(cls)
@@ -80,6 +81,7 @@ def _reads(cls: ast.ClassDef) -> set[str]:
         and isinstance(node.value, ast.Name)
         and node.value.id == "self"
         and isinstance(node.ctx, ast.Load)
+        and not (node.attr.startswith("__") and node.attr.endswith("__"))
     }
 
 

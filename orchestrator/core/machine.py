@@ -207,6 +207,11 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         self.passrate.half_life = policy.passrate_half_life
         return self.policy_revision
 
+    def reset(self) -> None:
+        """Back to a new core's state (the same policy, task ids, seed and task tags), in place: the
+        parts that hold this core keep it (the actor after a failed first commit)."""
+        self.__init__(self.policy, self.task_ids, seed=self.seed, task_tags=self.passrate.task_tags())
+
     def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
         """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
         ``selection``): a task keeps the epochs it has left to sit out, counted from the new
