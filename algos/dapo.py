@@ -36,7 +36,9 @@ class InvalidGroupError(ValueError):
 class GroupReason(IntEnum):
     """Why a group was kept or dropped by the dynamic-sampling filter (DAPO Eq. 11).
 
-    The integer codes are stable: they are stored in state dicts and batch files.
+    The integer codes are stable: they are stored in state dicts and batch files. Codes 6-8 are
+    the orchestrator's own drop reasons (stale, invalid, lost), not the filter's:
+    ``orchestrator.core.outcomes.GroupOutcome`` holds them with these.
     """
 
     INFORMATIVE = 0
@@ -45,9 +47,6 @@ class GroupReason(IntEnum):
     ZERO_VARIANCE = 3
     SINGLETON = 4
     OUT_OF_BAND = 5
-    STALE = 6
-    INVALID = 7
-    LOST = 8  # held, but its payload died with the submitter (orchestrator.trinity.held): never a filter outcome
 
     @property
     def label(self) -> str:

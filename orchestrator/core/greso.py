@@ -9,7 +9,7 @@ Both exploration probabilities adapt: after each round, ``p`` falls by ``step`` 
 of that kind of zero-variance group among the round's groups exceeds its target, and rises by
 ``step`` otherwise (clamped to [``p_min``, 1]). Defaults (``p`` starts at 0.5, ``step`` 0.01,
 targets 0.25 of the groups zero-variance in all, a third of it easy and two thirds hard) are our
-reading of the paper's settings; each is a key of the policy's ``selection_options``.
+reading of the paper's settings (:class:`GresoOptions`, the policy's ``selection_options``).
 
 Everything else is :class:`~orchestrator.core.selection.EpochSelection` (seeded permutation per
 epoch, skip-rule cooldowns). The skip draw is counter-based (``default_rng([seed, 2, epoch])``,
@@ -19,11 +19,20 @@ one uniform per task and epoch), so a checkpoint restores the same skips.
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, check_unit_ranges, mode_options, register_selection
+from orchestrator.core.registry import ModeOptions
+from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
-DEFAULTS = {"p_start": 0.5, "step": 0.01, "p_min": 0.05, "target_zero_share": 0.25, "easy_share": 1 / 3}
-"""``selection_options`` keys of ``greso`` and their defaults (see the module docstring)."""
+
+class GresoOptions(ModeOptions):
+    """Options of ``greso`` (the policy's ``selection_options``; defaults: our reading of the paper's settings)."""
+
+    p_start: float = Field(0.5, gt=0.0, le=1.0, description="Exploration probability p_easy and p_hard start at (0 would never roll a skipped task again).")
+    step: float = Field(0.01, ge=0.0, le=1.0, description="Change of p_easy / p_hard after each round.")
+    p_min: float = Field(0.05, gt=0.0, le=1.0, description="Least exploration probability.")
+    target_zero_share: float = Field(0.25, ge=0.0, le=1.0, description="Target share of zero-variance groups among a round's groups.")
+    easy_share: float = Field(1 / 3, ge=0.0, le=1.0, description="Part of target_zero_share that is all-correct (the rest all-wrong).")
 
 
 def keep_probability(streak_correct: np.ndarray, streak_wrong: np.ndarray, p_easy: float, p_hard: float) -> np.ndarray:
@@ -42,44 +51,22 @@ def keep_probability(streak_correct: np.ndarray, streak_wrong: np.ndarray, p_eas
     return np.power(p_easy, np.asarray(streak_correct, dtype=np.float64)) * np.power(p_hard, np.asarray(streak_wrong, dtype=np.float64))
 
 
-def check_options(opts: dict[str, float]) -> None:
-    """Refuse a setting outside its range: ``p_start`` and ``p_min`` in (0, 1] (a probability of 0
-    would never roll a skipped task again), ``step``, ``target_zero_share`` and ``easy_share`` in
-    [0, 1].
-
-    Raises:
-        ValueError: naming the key and the value (:func:`check_unit_ranges`).
-    """
-    check_unit_ranges(opts, open_low=("p_start", "p_min"), closed=("step", "target_zero_share", "easy_share"))
-
-
 @register_selection
 class GresoSelection(EpochSelection):
     """Epoch order with GRESO's probabilistic skip of recently zero-variance tasks."""
 
     name = "greso"
-    defaults = DEFAULTS
-    """The ``selection_options`` keys this mode reads, and their defaults."""
+    Options = GresoOptions
 
-    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
-        super().__init__(num_tasks, seed, max_idle_epochs)
-        self.options = dict(self.defaults)
-        self.p_easy = self.p_hard = self.defaults["p_start"]
+    def __init__(self, num_tasks: int, seed: int = 0, options: ModeOptions | None = None, max_idle_epochs: int = 2):
+        super().__init__(num_tasks, seed, options, max_idle_epochs)
+        self.p_easy = self.p_hard = self.options.p_start
 
-    def check(self, opts: dict[str, float]) -> None:
-        """Refuse out-of-range ``selection_options`` (:func:`check_options`)."""
-        check_options(opts)
-
-    def configure(self, policy) -> None:
-        """Reads ``selection_options``; a ``p_start`` other than the one in force resets both
-        probabilities to it (at construction: the policy's ``p_start`` is where they start)."""
-        super().configure(policy)
-        opts = mode_options(policy, self.name, self.defaults)
-        if policy.selection == self.name:
-            self.check(opts)
-        if opts["p_start"] != self.options["p_start"]:
-            self.p_easy = self.p_hard = opts["p_start"]
-        self.options = opts
+    def configure(self, policy, options: ModeOptions | None = None) -> None:
+        """A ``p_start`` other than the one in force resets both probabilities to it."""
+        if options is not None and options.p_start != self.options.p_start:
+            self.p_easy = self.p_hard = options.p_start
+        super().configure(policy, options)
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)
@@ -94,7 +81,7 @@ class GresoSelection(EpochSelection):
         g = len(task_idx)
         if g == 0:
             return
-        o = self.options
+        o = self.options.model_dump()
         easy = float(np.mean(all_correct))
         hard = float(np.mean(~np.asarray(informative, dtype=bool) & ~np.asarray(all_correct, dtype=bool)))
         t_easy, t_hard = o["target_zero_share"] * o["easy_share"], o["target_zero_share"] * (1 - o["easy_share"])

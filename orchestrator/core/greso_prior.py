@@ -17,9 +17,9 @@ rolled out with probability:
   (:func:`orchestrator.core.greso.keep_probability`), with GRESO's adaptive ``p_easy`` and
   ``p_hard``;
 * a task never rolled out: ``clip(I / keep_at, floor, 1)`` of its predicted chance ``I`` of an
-  informative group, from its tag's prior (:func:`orchestrator.core.skip.keep_probability`).
+  informative group, from its tag's prior (:func:`orchestrator.core.passrate.keep_probability`).
 
-``selection_options`` takes the keys of both (:data:`DEFAULTS`). This differs from the GRESO
+``selection_options`` takes the options of both (:class:`GresoPriorOptions`). This differs from the GRESO
 paper on purpose: the paper rolls every prompt out in its first epoch; ``greso`` is that
 reference. The draw is counter-based (``default_rng([seed, 4, epoch])``, one uniform per task and
 epoch), so a checkpoint restores the same skips.
@@ -30,10 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.core import greso, skip
+from orchestrator.core.passrate import keep_probability
 from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
-DEFAULTS = {**greso.DEFAULTS, **skip.DEFAULTS}
-"""``selection_options`` keys of ``greso_prior``: GRESO's and ``predicted_skip``'s, same defaults."""
+
+class GresoPriorOptions(greso.GresoOptions, skip.PredictedSkipOptions):
+    """Options of ``greso_prior``: GRESO's and ``predicted_skip``'s, same defaults and ranges."""
 
 
 @register_selection
@@ -41,17 +43,11 @@ class GresoPriorSelection(greso.GresoSelection):
     """Epoch order; GRESO's keep for tasks rolled out before, the prior's keep for the others."""
 
     name = "greso_prior"
-
-    defaults = DEFAULTS
-
-    def check(self, opts: dict[str, float]) -> None:
-        """Refuse out-of-range settings of either rule."""
-        greso.check_options(opts)
-        skip.check_options(opts)
+    Options = GresoPriorOptions
 
     def keep_probability(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes."""
-        prior = skip.keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"])
+        prior = keep_probability(ctx.informative[tasks], self.options.keep_at, self.options.floor)
         if ctx.groups is None or ctx.zero_streak_correct is None:
             return prior
         streak = greso.keep_probability(ctx.zero_streak_correct[tasks], ctx.zero_streak_wrong[tasks], self.p_easy, self.p_hard)

@@ -67,9 +67,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from algos.dapo import GroupReason
 from orchestrator.core.errors import DataExhaustedError, ReplenishCapError, short_repr  # noqa: F401 - importers find them here
 from orchestrator.core.history import TaskHistory
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
@@ -169,8 +169,8 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         self.candidates = GroupRows.empty(policy.group_size)  # the open batch's dropped groups, for padding
         # counters (cumulative)
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)  # cumulative, see Stats
-        self.classified_by_reason = {r.label: 0 for r in GroupReason}
-        self.dropped_by_reason = {r.label: 0 for r in GroupReason if r != GroupReason.INFORMATIVE}
+        self.classified_by_reason = {r.label: 0 for r in GroupOutcome}
+        self.dropped_by_reason = {r.label: 0 for r in GroupOutcome if r != GroupOutcome.INFORMATIVE}
         self.rounds_per_batch: list[int] = []
         self.requeue: list[str] = []  # tasks of stale groups to roll again (requeue_stale)
         self.window = self._new_window()  # per-batch sums since the last release
@@ -198,7 +198,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         old = self.selection
         new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.task_ids), self.seed, policy)
         for sel in {**self.selections, policy.selection: new}.values():
-            sel.configure(policy)  # may refuse the policy (e.g. unknown selection_options): nothing changed yet
+            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
         self.selections[policy.selection] = new
         if new is not old:
             self._move_cooldowns(old.epoch, new.epoch)

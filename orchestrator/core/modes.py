@@ -1,59 +1,35 @@
 """The modes of the resampling policy: one small strategy class per mode, one registry per extension point.
 
-Four policy fields name a mode: ``group_validity`` (what a group with unusable members gets),
-``stale_members`` (what a group with stale members gets at assembly), ``replenish`` (which
-tasks a replenish round rolls out) and ``on_cap`` (how a batch closes at the replenish-round
-cap). Each is an extension point in the style of the task selection
-(:mod:`orchestrator.core.selection`): a small base class, a :class:`Registry` of its modes by
-name (:data:`GROUP_VALIDITY`, :data:`STALE_MEMBERS`, :data:`REPLENISH`, :data:`ON_CAP`), filled
-by its decorator (:func:`register_group_validity`, ...). The policy's field accepts exactly the
-registered names, and the core looks its value up (``ON_CAP[policy.on_cap]``) and calls only the
-base class's methods. Adding a mode is one subclass with the decorator, in one file, imported
-before a policy names it (a mode shipped with the package is defined here; a selection mode has
-its own file, imported by :mod:`orchestrator.core.selections`).
+Five policy fields name a mode: ``selection`` (which tasks a round rolls out; its modes live in
+their own files, collected by :mod:`orchestrator.core.selections`), ``group_validity`` (what a
+group with unusable members gets), ``stale_members`` (what a group with stale members gets at
+assembly), ``replenish`` (which tasks a replenish round rolls out) and ``on_cap`` (how a batch
+closes at the replenish-round cap). Every one is a
+:class:`~orchestrator.core.registry.Registry` (:data:`MODES`), registered the same way: one
+class with a ``name`` and a typed ``Options`` model (its options, given in the policy's
+``<field>_options``), decorated with the registry's ``register``. The policy's field accepts
+exactly the registered names and refuses an option the mode does not take; the core builds the
+active mode with its options (``policy.mode("on_cap")``) and calls only the base class's methods.
 
-A mode is registered as one instance (modes hold no state; they read and change the core they
-are given, as the core's parts do).
+The modes here hold no state: they read and change the core they are given, as the core's parts
+do, and are built afresh from the policy when used.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
 from algos.dapo import classify_groups
 from orchestrator.core.errors import ReplenishCapError
+from orchestrator.core.registry import Mode, Registry
 from orchestrator.core.rows import GroupRows, flagged
-
-M = TypeVar("M")
-
-
-class Registry(dict, Generic[M]):
-    """Mode name -> the mode (one instance of its class), for the policy field ``field``."""
-
-    def __init__(self, field: str, base: type[M]) -> None:
-        super().__init__()
-        self.field, self.base = field, base
-
-    def register(self, cls: type[M]) -> type[M]:
-        """Class decorator: register an instance of ``cls`` (a subclass of the base) under ``cls.name``.
-
-        Raises:
-            TypeError: ``cls`` is not a subclass of the extension point's base class.
-            ValueError: another class is already registered under that name.
-        """
-        if not (isinstance(cls, type) and issubclass(cls, self.base)):
-            raise TypeError(f"{self.field}: {cls!r} is not a subclass of {self.base.__qualname__}")
-        old = self.get(cls.name)
-        if old is not None and type(old) is not cls:
-            raise ValueError(f"{self.field} {cls.name!r} is already registered ({type(old).__qualname__})")
-        self[cls.name] = cls()
-        return cls
+from orchestrator.core.selections import SELECTIONS
 
 
 # ------------------------------------------------------------------------------ group_validity
-class GroupValidity:
+class GroupValidity(Mode):
     """What a submitted group with unusable members (a missing, non-finite or out-of-range reward
     or judged value) gets, on both submit routes (:mod:`orchestrator.core.submit`,
     :mod:`orchestrator.core.table`). The member rules themselves are
@@ -115,7 +91,7 @@ class MaskInvalid(GroupValidity):
 
 
 # ------------------------------------------------------------------------------ stale_members
-class StaleMembers:
+class StaleMembers(Mode):
     """What a carried group with stale members gets when a batch is assembled
     (:meth:`orchestrator.core.release.Release._drop_stale`)."""
 
@@ -168,7 +144,7 @@ class MaskStale(StaleMembers):
 
 
 # ------------------------------------------------------------------------------ replenish
-class Replenish:
+class Replenish(Mode):
     """Which tasks a replenish round rolls out, and when the open batch stops replenishing
     (:mod:`orchestrator.core.rounds`). Fresh tasks of the active selection fill whatever
     :meth:`rerolls` leaves of a round."""
@@ -224,7 +200,7 @@ class NoReplenish(Replenish):
 
 
 # ------------------------------------------------------------------------------ on_cap
-class OnCap:
+class OnCap(Mode):
     """How the open batch closes when the replenish-round cap is reached, or the data ends
     short of a batch (:meth:`orchestrator.core.release.Release.close_at_cap`)."""
 
@@ -275,6 +251,6 @@ class RaiseOnCap(OnCap):
         )
 
 
-MODES: dict[str, Registry] = {r.field: r for r in (GROUP_VALIDITY, STALE_MEMBERS, REPLENISH, ON_CAP)}
+MODES: dict[str, Registry] = {r.field: r for r in (SELECTIONS, GROUP_VALIDITY, STALE_MEMBERS, REPLENISH, ON_CAP)}
 """Policy field -> its registry (the policy's fields accept the names registered here:
 :class:`orchestrator.core.policy.Registered`)."""

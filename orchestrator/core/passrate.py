@@ -35,6 +35,9 @@ The posterior of task t is ``Beta(a0 + s_t, b0 + f_t)`` (Beta-Binomial conjugacy
   population is not Beta-shaped (a third solved, a third unsolved, a third in between), where
   the variance match predicts far too few informative groups.
 
+The keep rule the selection modes and the answer screen share (:func:`keep_probability`) turns a
+predicted chance of an informative group into the chance a task is rolled out.
+
 *Per tag* (a task's difficulty tag, e.g. its family ``add2`` read from the task's metadata):
   with ``tags``, the prior above is fitted to the first groups of the tasks sharing a tag
   (at least :data:`MIN_TAG_TASKS` of them seen), else to the whole population. A task never
@@ -138,6 +141,27 @@ def plugin_informativeness(p: np.ndarray, n: int) -> np.ndarray:
     """``1 - p**n - (1-p)**n`` at known pass rates p: (T,) float -> (T,) float64 (DAPO Eq. 11)."""
     p = np.asarray(p, dtype=np.float64)
     return np.clip(1.0 - p**n - (1.0 - p) ** n, 0.0, 1.0)
+
+
+def keep_probability(informative: np.ndarray, keep_at: float, floor: float, power: float = 1.0) -> np.ndarray:
+    """The keep rule: ``clip((I / keep_at) ** power, floor, 1)``, the chance a task is rolled out
+    when its turn comes, from its predicted chance ``I`` of an informative group (shared by
+    ``predicted_skip``, ``greso_prior`` and the answer screen).
+
+    ``power`` 1 keeps a task in proportion to its chance of an informative group below ``keep_at``
+    (``predicted_skip``'s rule, like GRESO's probabilistic skip, Zheng et al. arXiv 2506.02177 Sec. 4, with
+    the prediction in place of the zero-variance streak); a larger power is a softer form
+    of a threshold at ``keep_at`` (the answer screen's default, :mod:`orchestrator.core.policy`).
+
+    Args:
+        informative: (k,) float in [0, 1], predicted chance of an informative group.
+        keep_at: in (0, 1]; tasks predicted at least this informative are always kept.
+        floor: in [0, 1]; the least chance of a turn.
+        power: > 0; how sharply the chance falls below ``keep_at``.
+    Returns:
+        (k,) float64 in [floor, 1].
+    """
+    return np.clip((np.asarray(informative, dtype=np.float64) / keep_at) ** power, floor, 1.0)
 
 
 def fit_population_prior(

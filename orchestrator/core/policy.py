@@ -7,12 +7,13 @@ speaks, and are otherwise the least surprising choice.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from orchestrator.core.errors import describe_errors
+from orchestrator.core.registry import Mode, ModeOptions
 
 
 class InvalidPolicyError(ValueError):
@@ -39,12 +40,24 @@ class InvalidPolicyError(ValueError):
 
 def valid_fields_hint(errors: list[dict]) -> str:
     """``"; valid fields: ..."`` for each distinct level (policy or ``filter``) of an unknown
-    field among pydantic ``errors`` (``extra_forbidden``), else ``""``."""
+    field among pydantic ``errors`` (``extra_forbidden``), after where a field that moved went
+    (:data:`MOVED_TO_SELECTION_OPTIONS`); else ``""``."""
     hint = ""
+    for e in errors:
+        moved = MOVED_TO_SELECTION_OPTIONS.get(e["loc"][-1]) if e.get("type") == "extra_forbidden" and e.get("loc") else None
+        if moved:
+            hint += f"; {e['loc'][-1]} moved to selection_options.{moved} (an option of selection 'informative')"
     for nested in sorted({len(e["loc"]) == 2 and e["loc"][0] == "filter" for e in errors if e.get("type") == "extra_forbidden"}):
         fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
         hint += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
     return hint
+
+
+MOVED_TO_SELECTION_OPTIONS = {"selection_explore": "explore", "selection_sharpness": "sharpness",
+                              "selection_revisit_epochs": "revisit_epochs"}
+"""Old top-level policy fields -> the ``selection_options`` key of ``informative`` they are now."""
+OLD_DEFAULTS = {"selection_explore": 0.01, "selection_sharpness": 4.0, "selection_revisit_epochs": 8}
+"""Their defaults when they were policy fields (a dump of an old policy carries them)."""
 
 
 class Registered:
@@ -78,6 +91,19 @@ class Registered:
 
     def __str__(self) -> str:
         return "one of " + ", ".join(map(repr, self.names()))
+
+
+MODE_FIELDS = ("selection", "group_validity", "stale_members", "replenish", "on_cap")
+"""The policy fields that name a mode; each has a ``<field>_options`` field with the mode's options."""
+
+
+def options_field(field: str) -> Any:
+    """The ``<field>_options`` field of a mode field whose built-in modes take no options."""
+    return Field(
+        default_factory=dict,
+        description=f"Options of the {field} mode, checked against its typed options model (orchestrator.core.modes); "
+        f"the built-in {field} modes take none, so any key is refused.",
+    )
 
 
 class FilterConfig(BaseModel):
@@ -143,6 +169,7 @@ class ResamplingPolicy(BaseModel):
         "groups marked as padding (zero loss weight), 'partial' emits a smaller batch flagged partial, 'raise' "
         "raises ReplenishCapError.",
     )
+    on_cap_options: dict[str, Any] = options_field("on_cap")
     replenish: Annotated[str, Registered("replenish")] = Field(
         "fresh_tasks",
         description="Which tasks replenish rounds roll out (a mode of orchestrator.core.modes.REPLENISH): "
@@ -152,6 +179,7 @@ class ResamplingPolicy(BaseModel):
         "initial round, per on_cap). Default 'fresh_tasks', or 'none' when filter.enabled is false "
         "(nothing is dropped by the filter to replenish; 'fresh_tasks' is then refused).",
     )
+    replenish_options: dict[str, Any] = options_field("replenish")
     min_keep_rate: float = Field(
         0.1, gt=0.0, le=1.0, description="Floor on the predicted keep rate used to size a round (caps over-generation)."
     )
@@ -172,6 +200,7 @@ class ResamplingPolicy(BaseModel):
         "'mask': stale members get zero loss weight and leave the baseline, the group stays while "
         "min_valid_group_size members remain and still differ.",
     )
+    stale_members_options: dict[str, Any] = options_field("stale_members")
     requeue_stale: bool = Field(
         False, description="Roll the task of a group dropped as stale again in the next round (else it waits for its epoch)."
     )
@@ -182,6 +211,7 @@ class ResamplingPolicy(BaseModel):
         "those members zero loss weight, leaves them out of the filter and the baseline, and keeps the group "
         "when min_valid_group_size remain.",
     )
+    group_validity_options: dict[str, Any] = options_field("group_validity")
     min_valid_group_size: int = Field(
         2, ge=2, le=1024, description="Valid members a group needs under group_validity='mask' (and stale_members='mask')."
     )
@@ -196,21 +226,23 @@ class ResamplingPolicy(BaseModel):
         "as a bug upstream (it would overflow the group statistics)."
     )
     replenish_paused: bool = Field(False, description="When True, no replenish round is started (the initial round still is).")
-    selection: str = Field(
+    selection: Annotated[str, Registered("selection")] = Field(
         "epoch",
-        description="How tasks are chosen, a name in the selection registry (orchestrator.core.selection.SELECTIONS, looked up by orchestrator.core.selections): "
-        "'epoch' walks a seeded permutation per epoch (minus skip-rule cooldowns); 'informative' draws tasks by "
-        "their predicted chance of an informative group (per-task Beta pass-rate posterior), with exploration and "
-        "a revisit bound, and sizes each round from the predicted keep rate of the tasks drawn; 'greso' is the "
-        "epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv 2506.02177); "
-        "'predicted_skip' is the epoch order keeping each task with probability clip(I / keep_at, floor, 1) of its "
-        "predicted chance I of an informative group (own history and family prior); 'greso_prior' uses GRESO's "
-        "skip for tasks rolled out before and predicted_skip's for the others (docs/sampling.md).",
+        description="How tasks are chosen (a mode of orchestrator.core.selection.SELECTIONS, its options in "
+        "selection_options): 'epoch' walks a seeded permutation per epoch (minus skip-rule cooldowns); 'informative' "
+        "draws tasks by their predicted chance of an informative group (per-task Beta pass-rate posterior), with "
+        "exploration and a revisit bound, and sizes each round from the predicted keep rate of the tasks drawn; "
+        "'greso' is the epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv "
+        "2506.02177); 'predicted_skip' is the epoch order keeping each task with probability clip(I / keep_at, floor, "
+        "1) of its predicted chance I of an informative group (own history and family prior); 'greso_prior' uses "
+        "GRESO's skip for tasks rolled out before and predicted_skip's for the others (docs/sampling.md).",
     )
-    selection_options: dict[str, float] = Field(
+    selection_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Mode-specific settings of the active selection (e.g. 'greso': p_start, step, p_min, "
-        "target_zero_share, easy_share); unknown keys are refused.",
+        description="Options of the active selection mode, checked against its typed options model (e.g. "
+        "'informative': explore, sharpness, revisit_epochs; 'greso': p_start, step, p_min, target_zero_share, "
+        "easy_share; 'predicted_skip': keep_at, floor); an option the mode does not take is refused. Changing "
+        "selection without giving selection_options starts the new mode at its defaults.",
     )
     screen_rollouts: int = Field(
         0, ge=0, le=4096,
@@ -260,20 +292,6 @@ class ResamplingPolicy(BaseModel):
         "answers; with a scorer that accepts other forms p is only a lower bound, and a floor (e.g. 0.05) keeps "
         "trying the tasks scored as never solved.",
     )
-    selection_explore: float = Field(
-        0.01, ge=0.0, le=1.0,
-        description="'informative': share of the draw probability spread uniformly over eligible tasks (exploration; "
-        "0.01 measured cheapest of 0.005 / 0.01 / 0.02 on bench/bench_selection.py).",
-    )
-    selection_sharpness: float = Field(
-        4.0, gt=0.0, le=64.0,
-        description="'informative': draw weight = predicted informativeness ** sharpness (1 = in proportion).",
-    )
-    selection_revisit_epochs: int = Field(
-        8, ge=1, le=10_000,
-        description="'informative': a task not drawn for this many epochs (epoch = as many draws as tasks) is drawn "
-        "first, so every task is revisited within revisit_epochs + 1 epochs.",
-    )
     passrate_half_life: float | None = Field(
         16.0, gt=0.0,
         description="Model versions after which a task's pass-rate evidence counts half (the model changes); "
@@ -284,6 +302,28 @@ class ResamplingPolicy(BaseModel):
         description="Factor on a task's pass-rate evidence each time one of its groups is emitted for training "
         "(training moves that task's pass rate most); 1 = only the half-life forgets.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: object) -> object:
+        """Old configs keep loading: the top-level ``selection_explore``, ``selection_sharpness`` and
+        ``selection_revisit_epochs`` are options of ``informative`` now, moved into
+        ``selection_options`` (over a value there) when the selection is ``informative``, dropped
+        when they hold the old default (a dump of an old policy carries them), refused otherwise."""
+        if not isinstance(data, dict) or not MOVED_TO_SELECTION_OPTIONS.keys() & data.keys():
+            return data
+        data, options = dict(data), dict(data.get("selection_options") or {})
+        for old, new in MOVED_TO_SELECTION_OPTIONS.items():
+            if old not in data:
+                continue
+            value = data.pop(old)
+            if data.get("selection") == "informative":
+                options[new] = value
+            elif value != OLD_DEFAULTS[old]:
+                raise ValueError(f"{old}: moved to selection_options.{new}, an option of selection 'informative' (selection "
+                                 f"is {data.get('selection', 'epoch')!r}); write selection: informative, selection_options: "
+                                 f"{{{new}: {value!r}}}")
+        return {**data, "selection_options": options}
 
     @model_validator(mode="before")
     @classmethod
@@ -313,15 +353,33 @@ class ResamplingPolicy(BaseModel):
                 f"min_valid_group_size ({self.min_valid_group_size}) must be <= group_size ({self.group_size}) "
                 "when group_validity or stale_members is 'mask' (the only settings that use it)"
             )
-        from orchestrator.core.selections import selection_class
-
-        selection_class(self.selection)  # refuses an unknown mode, naming the registered ones
+        for field in MODE_FIELDS:
+            self.mode_options(field)  # refuses an option the mode does not take, naming it
         if self.screen_rollouts and not 1 <= self.screen_rollouts < self.group_size:
             raise ValueError(f"screen_rollouts ({self.screen_rollouts}) must be < group_size ({self.group_size}) "
                              "(a screen rolls part of a group; 0 turns screening off)")
         if self.max_rollouts is not None and self.max_rollouts < self.group_size:
             raise ValueError(f"max_rollouts ({self.max_rollouts}) must be >= group_size ({self.group_size})")
         return self
+
+    def mode_options(self, field: str) -> ModeOptions:
+        """The typed options of the mode that policy field ``field`` (one of :data:`MODE_FIELDS`)
+        names, from ``<field>_options``.
+
+        Raises:
+            ValueError: an option the mode does not take, or out of its range, naming it.
+        """
+        from orchestrator.core.modes import MODES  # here, so that the policy imports without the core's numerics
+
+        return MODES[field].options(getattr(self, field), getattr(self, f"{field}_options"))
+
+    def mode(self, field: str) -> Mode:
+        """A new instance of the (stateless) mode that policy field ``field`` names, with its options
+        (``group_validity``, ``stale_members``, ``replenish``, ``on_cap``; a selection, which holds
+        state, is built by :func:`orchestrator.core.selections.make_selection`)."""
+        from orchestrator.core.modes import MODES
+
+        return MODES[field].build(getattr(self, field), self.mode_options(field))
 
     @classmethod
     def parse(cls, data: dict) -> ResamplingPolicy:
@@ -332,8 +390,13 @@ class ResamplingPolicy(BaseModel):
             raise InvalidPolicyError.from_validation(err) from None
 
     def updated(self, changes: dict) -> ResamplingPolicy:
-        """A copy with ``changes`` merged (nested ``filter`` merged key by key), validated."""
+        """A copy with ``changes`` merged (nested ``filter`` merged key by key), validated. A change
+        of a mode (``selection``, ``on_cap``, ...) without its ``<field>_options`` drops the old
+        mode's options."""
         data = self.model_dump()
+        for field in MODE_FIELDS:
+            if changes.get(field, data[field]) != data[field] and f"{field}_options" not in changes:
+                data[f"{field}_options"] = {}  # the new mode starts at its defaults
         for key, value in changes.items():
             if key == "filter" and isinstance(value, dict):
                 data["filter"] = {**data["filter"], **value}

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from algos.dapo import GroupReason
-from orchestrator.core.modes import ON_CAP, STALE_MEMBERS
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.stats import ratio
 from orchestrator.core.types import Batch
@@ -53,14 +52,14 @@ class Release:
             return
         keep = ~hit
         valid = carry.valid.copy()  # never written in place: a commit may be pickling the old one
-        mode = STALE_MEMBERS[p.stale_members]
+        mode = p.mode("stale_members")
         for i in np.flatnonzero(hit).tolist():
             if (masked := mode.keep(self, carry, i, stale[i])) is not None:
                 valid[i] = masked
                 keep[i] = True
         carry = carry.with_valid(valid)
         dropped = carry.take(~keep)
-        dropped.reasons = [GroupReason.STALE.label] * len(dropped)
+        dropped.reasons = [GroupOutcome.STALE.label] * len(dropped)
         self._drop(dropped)
         if p.requeue_stale:
             self.requeue.extend(dropped.task_ids)
@@ -132,7 +131,7 @@ class Release:
         self._drop_stale()
         p = self.policy
         kept = self.carry.take(slice(None, p.target_groups))
-        padding = ON_CAP[p.on_cap].padding(self, kept)
+        padding = p.mode("on_cap").padding(self, kept)
         self.counters["cap_hits"] += 1
         self.carry = self.carry.take(slice(len(kept), None))
         partial = len(kept) + padding < p.target_groups

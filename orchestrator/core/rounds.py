@@ -17,11 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.core.errors import short_repr
-from orchestrator.core.modes import REPLENISH
-from orchestrator.core.passrate import informative_after_unanimous_screen, informativeness, plugin_informativeness
+from orchestrator.core.passrate import (
+    informative_after_unanimous_screen,
+    informativeness,
+    keep_probability,
+    plugin_informativeness,
+)
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
-from orchestrator.core.skip import keep_probability
 from orchestrator.core.types import Purpose, UnknownTaskError
 from orchestrator.core.validate import unknown_task
 
@@ -99,14 +102,10 @@ class Rounds:
         return SelectionContext(
             skip_until_epoch=self.history.skip_until_epoch,
             informative=self.predicted_informative(),
-            explore=p.selection_explore,
-            sharpness=p.selection_sharpness,
-            revisit_epochs=p.selection_revisit_epochs,
             max_epochs=p.max_epochs,
             zero_streak_correct=self.history.consec_all_correct,
             zero_streak_wrong=self.history.consec_all_wrong,
             groups=self.history.groups,
-            options=dict(p.selection_options),
         )
 
     def select_tasks(self, count: int) -> list[str]:
@@ -187,7 +186,7 @@ class Rounds:
             return False
         if (self.policy.screen_rollouts or self.policy.answer_screen) and not self.carry and not self.candidates:
             return False  # every task so far was a stopped screen or skipped: nothing to release yet (no empty batch)
-        return REPLENISH[self.policy.replenish].capped(self.rounds_started, self.policy.max_replenish_rounds)
+        return self.policy.mode("replenish").capped(self.rounds_started, self.policy.max_replenish_rounds)
 
     def replenish_blocked(self) -> bool:
         """True when the next round would be a replenish round and replenishment is paused."""
@@ -214,7 +213,7 @@ class Rounds:
         count = self._affordable(min(math.ceil(missing / p), self.policy.max_tasks_per_round))
         task_ids, self.requeue = self.requeue[:count], self.requeue[count:]
         if rnd > 0:
-            task_ids += REPLENISH[self.policy.replenish].rerolls(self, count - len(task_ids))
+            task_ids += self.policy.mode("replenish").rerolls(self, count - len(task_ids))
         taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
         need = missing - float(ctx.informative[taken].sum()) if informative else None
         task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
@@ -304,7 +303,7 @@ class Rounds:
         answer_floor, 1)``, ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with
         pass rate p is informative (DAPO Eq. 11's event under a binomial,
         :func:`~orchestrator.core.passrate.plugin_informativeness`;
-        :func:`orchestrator.core.skip.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
+        :func:`orchestrator.core.passrate.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
         the default 4 is close to a threshold at ``answer_keep_at``: with p exact, a roll's worth is
         its chance ``I`` of an informative group against the same n rollouts for every task, so
         the cheapest rule rolls the tasks of highest ``I`` (docs/sampling.md, "Answer screen").
@@ -472,7 +471,7 @@ class Rounds:
         tasks, self.requeued = self.requeued[:count], self.requeued[count:]
         want = 0 if self.epochs_done() else self._affordable(count - len(tasks))
         if want > 0:
-            take = REPLENISH[self.policy.replenish].rerolls(self, want)
+            take = self.policy.mode("replenish").rerolls(self, want)
             tasks += take
             want -= len(take)
             self.counters["rollouts_planned"] += len(take) * self.policy.group_size

@@ -21,80 +21,38 @@ so the state is a few integers and a checkpoint restores the exact next draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
+
+from orchestrator.core.registry import Mode, ModeOptions, Registry
 
 
 @dataclass
 class SelectionContext:
-    """What a selection reads from the orchestrator when it picks.
+    """What a selection reads from the orchestrator when it picks (its own settings are its
+    typed options, :attr:`TaskSelection.options`).
 
     Attributes:
         skip_until_epoch: (T,) int64. A task is eligible when this is <= the selection's epoch.
         informative: (T,) float64 in [0, 1]. Predicted chance each task's next group is informative.
-        explore: share of the draw probability spread uniformly over eligible tasks (``informative``).
-        sharpness: exponent on the predicted informativeness in the draw weights (``informative``).
-        revisit_epochs: a task not drawn for this many epochs is drawn first (``informative``).
         max_epochs: no task is drawn in epoch ``max_epochs`` or later (end of data); None = no end.
         zero_streak_correct, zero_streak_wrong: (T,) int64, each task's consecutive all-correct /
             all-wrong groups up to now (the history's; zero-variance streaks, as GRESO reads them).
         groups: (T,) int64, each task's groups classified up to now (0: never rolled out); None
             when not given.
-        options: the policy's ``selection_options`` (mode-specific settings, e.g. GRESO's).
     """
 
     skip_until_epoch: np.ndarray
     informative: np.ndarray
-    explore: float = 0.1
-    sharpness: float = 1.0
-    revisit_epochs: int = 4
     max_epochs: int | None = None
     zero_streak_correct: np.ndarray | None = None
     zero_streak_wrong: np.ndarray | None = None
     groups: np.ndarray | None = None
-    options: dict = field(default_factory=dict)
 
 
-SELECTIONS: dict[str, type] = {}
-"""The registry: selection name -> class (the policy's ``selection`` values)."""
-
-
-def register_selection(cls: type) -> type:
-    """Class decorator: register a :class:`TaskSelection` under its ``name``."""
-    if cls.name in SELECTIONS and SELECTIONS[cls.name] is not cls:
-        raise ValueError(f"selection {cls.name!r} is already registered ({SELECTIONS[cls.name].__qualname__})")
-    SELECTIONS[cls.name] = cls
-    return cls
-
-
-def mode_options(policy, name: str, defaults: dict[str, float]) -> dict[str, float]:
-    """Settings of selection mode ``name``: ``defaults`` updated by the policy's ``selection_options``
-    (as floats). When ``name`` is the active selection, a key it does not know is refused.
-
-    Raises:
-        ValueError: naming ``selection_options``, the unknown keys and the known ones.
-    """
-    unknown = set(policy.selection_options) - set(defaults)
-    if unknown and policy.selection == name:
-        raise ValueError(f"selection_options: unknown key(s) {sorted(unknown)} for {name!r}; known: {sorted(defaults)}")
-    return {**defaults, **{k: float(v) for k, v in policy.selection_options.items() if k in defaults}}
-
-
-def check_unit_ranges(opts: dict[str, float], open_low: tuple[str, ...] = (), closed: tuple[str, ...] = ()) -> None:
-    """Refuse a ``selection_options`` value outside (0, 1] (keys in ``open_low``) or [0, 1] (keys
-    in ``closed``); NaN is outside both.
-
-    Raises:
-        ValueError: ``selection_options.<key>: must be in <range>, got <value>``.
-    """
-    for key, low_open in [(k, True) for k in open_low] + [(k, False) for k in closed]:
-        v = opts[key]
-        if not ((0.0 < v <= 1.0) if low_open else (0.0 <= v <= 1.0)):
-            raise ValueError(f"selection_options.{key}: must be in {'(0, 1]' if low_open else '[0, 1]'}, got {v!r}")
-
-
-class TaskSelection:
+class TaskSelection(Mode):
     """Base class of a task-selection mode.
 
     Subclasses implement :meth:`select` (exactly ``count`` tasks when enough are eligible)
@@ -106,6 +64,8 @@ class TaskSelection:
 
     Class attributes a mode sets:
         name: the registry name (the policy's ``selection`` value).
+        Options: its typed options (:class:`~orchestrator.core.registry.ModeOptions`), given in
+            the policy's ``selection_options`` and held in :attr:`options`.
         sizes_by_prediction: True when :meth:`fill` sizes a round from the per-task predictions
             (the orchestrator then passes the ``need`` of informative groups and sizes by
             ``min_keep_rate``); False: the round is sized from the observed keep rate.
@@ -114,15 +74,19 @@ class TaskSelection:
     name = "base"
     sizes_by_prediction = False
 
-    def __init__(self, num_tasks: int, seed: int = 0):
+    def __init__(self, num_tasks: int, seed: int = 0, options: ModeOptions | None = None):
+        super().__init__(options)
         if num_tasks < 1:
             raise ValueError(f"num_tasks: the task set is empty ({num_tasks})")
         self.num_tasks = num_tasks
         self.seed = seed
         self.picked_epochs = np.zeros(0, dtype=np.int64)
 
-    def configure(self, policy) -> None:
-        """Read settings from the resampling policy (at construction and each policy change)."""
+    def configure(self, policy, options: ModeOptions | None = None) -> None:
+        """Read the policy's shared settings (at construction and each policy change) and, when this
+        is the active mode, its own ``options`` (validated by the policy; None: keep the ones held)."""
+        if options is not None:
+            self.options = options
 
     def observe(self, task_idx: np.ndarray, informative: np.ndarray, all_correct: np.ndarray) -> None:
         """Feedback of classified groups: (G,) int64 task indices and (G,) bool outcomes.
@@ -158,6 +122,11 @@ class TaskSelection:
         return {"epoch": float(self.epoch)}
 
 
+SELECTIONS: Registry[TaskSelection] = Registry("selection", TaskSelection)
+"""The registry: selection name -> class (the policy's ``selection`` values)."""
+register_selection = SELECTIONS.register
+
+
 @register_selection
 class EpochSelection(TaskSelection):
     """Epoch order: a seeded permutation per epoch, tasks in a skip-rule cooldown left out.
@@ -169,15 +138,16 @@ class EpochSelection(TaskSelection):
 
     name = "epoch"
 
-    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
-        super().__init__(num_tasks, seed)
+    def __init__(self, num_tasks: int, seed: int = 0, options: ModeOptions | None = None, max_idle_epochs: int = 2):
+        super().__init__(num_tasks, seed, options)
         self._epoch = 0
         self.cursor = 0
         self.max_idle_epochs = max_idle_epochs
         self.passed_over = 0  # tasks the order passed without drawing them (cooldown or a mode's skip), counter
 
-    def configure(self, policy) -> None:
+    def configure(self, policy, options: ModeOptions | None = None) -> None:
         """``max_idle_epochs = cooldown_epochs + 1``: every task is out of its cooldown by then."""
+        super().configure(policy, options)
         self.max_idle_epochs = policy.cooldown_epochs + 1
 
     @property
@@ -266,6 +236,23 @@ def weighted_order(q: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return idx[np.argsort(-keys, kind="stable")]
 
 
+class InformativeOptions(ModeOptions):
+    """Options of ``informative`` (the policy's ``selection_options``)."""
+
+    explore: float = Field(
+        0.01, ge=0.0, le=1.0,
+        description="Share of the draw probability spread uniformly over eligible tasks (exploration; 0.01 measured "
+        "cheapest of 0.005 / 0.01 / 0.02 on bench/bench_selection.py).",
+    )
+    sharpness: float = Field(4.0, gt=0.0, le=64.0, description="Draw weight = predicted informativeness ** sharpness (1 = in proportion).")
+    revisit_epochs: int = Field(
+        8, ge=1, le=10_000,
+        description="A task not drawn for this many epochs (epoch = as many draws as tasks) is drawn first, so every "
+        "task is revisited within revisit_epochs + 1 epochs.",
+    )
+
+
+@register_selection
 class InformativeSelection(TaskSelection):
     """Draw tasks by predicted informativeness, with exploration and a revisit bound.
 
@@ -282,10 +269,11 @@ class InformativeSelection(TaskSelection):
     """
 
     name = "informative"
+    Options = InformativeOptions
     sizes_by_prediction = True
 
-    def __init__(self, num_tasks: int, seed: int = 0):
-        super().__init__(num_tasks, seed)
+    def __init__(self, num_tasks: int, seed: int = 0, options: ModeOptions | None = None):
+        super().__init__(num_tasks, seed, options)
         self.picks = 0
         self.draws = 0
         self.last_pick = np.zeros(num_tasks, dtype=np.int64)
@@ -298,7 +286,7 @@ class InformativeSelection(TaskSelection):
     def due(self, ctx: SelectionContext) -> np.ndarray:
         """(T,) bool: eligible tasks not drawn for ``revisit_epochs`` epochs of picks."""
         eligible = ctx.skip_until_epoch <= self.epoch
-        return eligible & (self.picks - self.last_pick >= ctx.revisit_epochs * self.num_tasks)
+        return eligible & (self.picks - self.last_pick >= self.options.revisit_epochs * self.num_tasks)
 
     def order(self, ctx: SelectionContext) -> tuple[np.ndarray, int]:
         """(order, n_due): due tasks oldest first, then the weighted random order of the rest."""
@@ -308,7 +296,7 @@ class InformativeSelection(TaskSelection):
         due_idx = due_idx[np.argsort(self.last_pick[due_idx], kind="stable")]
         rng = np.random.default_rng([self.seed, 1, self.draws])
         self.draws += 1
-        q = draw_weights(ctx.informative, eligible & ~due, ctx.explore, ctx.sharpness)
+        q = draw_weights(ctx.informative, eligible & ~due, self.options.explore, self.options.sharpness)
         return np.concatenate([due_idx, weighted_order(q, rng)]).astype(np.int64), len(due_idx)
 
     def left(self, count: int, ctx: SelectionContext) -> int:
@@ -354,8 +342,6 @@ class InformativeSelection(TaskSelection):
 
     def task_row(self, i: int, ctx: SelectionContext) -> dict:
         """``revisit_due_in_picks``: after how many more picks task ``i`` is drawn first (0 = due now)."""
-        wait = ctx.revisit_epochs * self.num_tasks - (self.picks - int(self.last_pick[i]))
+        wait = self.options.revisit_epochs * self.num_tasks - (self.picks - int(self.last_pick[i]))
         return {"revisit_due_in_picks": max(0, int(wait))}
 
-
-register_selection(InformativeSelection)

@@ -1,4 +1,4 @@
-"""The task-selection modes shipped with the package, registered, and their lookup by name.
+"""The task-selection modes shipped with the package, registered, and the one factory that builds a selection.
 
 :mod:`orchestrator.core.selection` holds the base class, the registry and the two basic modes;
 each other mode is one file that subclasses them and registers itself (:mod:`orchestrator.core.greso`,
@@ -12,19 +12,16 @@ from orchestrator.core import greso, greso_prior, skip  # noqa: F401  (registers
 from orchestrator.core.selection import SELECTIONS, TaskSelection
 
 
-def selection_class(name: str) -> type[TaskSelection]:
-    """The registered class of mode ``name``.
+def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
+    """A new selection of mode ``name`` over ``num_tasks`` tasks, seeded with ``seed``: with the
+    policy's ``selection_options`` when ``name`` is the policy's selection, else its defaults;
+    then configured from the policy's shared settings.
 
     Raises:
-        ValueError: unknown name (the known ones are listed).
+        ValueError: unknown name (the registered ones are listed).
     """
-    if name not in SELECTIONS:
-        raise ValueError(f"selection: unknown mode {name!r}; registered: {sorted(SELECTIONS)}")
-    return SELECTIONS[name]
-
-
-def make_selection(name: str, num_tasks: int, seed: int, policy) -> TaskSelection:
-    """A new selection of mode ``name``, configured from ``policy`` (:func:`selection_class` refuses an unknown one)."""
-    sel = selection_class(name)(num_tasks, seed)
+    cls = SELECTIONS.mode_class(name)
+    options = policy.mode_options("selection") if policy.selection == name else None
+    sel = cls(num_tasks, seed, options)
     sel.configure(policy)
     return sel

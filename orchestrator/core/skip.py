@@ -18,7 +18,7 @@ When its turn comes, a task is rolled out with probability::
 so tasks predicted informative at least ``keep_at`` are always kept, and a task predicted
 never informative is still tried with probability ``floor`` (GRESO's ``p_min`` plays this part:
 the model changes, and a skipped task must be looked at again sometime). ``keep_at`` and
-``floor`` are keys of the policy's ``selection_options`` (defaults :data:`DEFAULTS`). The draw is
+``floor`` are its options (:class:`PredictedSkipOptions`, the policy's ``selection_options``). The draw is
 counter-based (``default_rng([seed, 3, epoch])``, one uniform per task and epoch), so a
 checkpoint restores the same skips; a task passed over stays passed over for the epoch.
 """
@@ -26,38 +26,18 @@ checkpoint restores the same skips; a task passed over stays passed over for the
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
-from orchestrator.core.selection import EpochSelection, SelectionContext, check_unit_ranges, mode_options, register_selection
-
-DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
-"""``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
-
-
-def keep_probability(informative: np.ndarray, keep_at: float, floor: float, power: float = 1.0) -> np.ndarray:
-    """``clip((I / keep_at) ** power, floor, 1)``: the chance a task is rolled out when its turn comes.
-
-    ``power`` 1 keeps a task in proportion to its chance of an informative group below ``keep_at``
-    (``predicted_skip``'s rule, like GRESO's probabilistic skip); a larger power is a softer form
-    of a threshold at ``keep_at`` (the answer screen's default, :mod:`orchestrator.core.policy`).
-
-    Args:
-        informative: (k,) float in [0, 1], predicted chance of an informative group.
-        keep_at: in (0, 1]; tasks predicted at least this informative are always kept.
-        floor: in [0, 1]; the least chance of a turn.
-        power: > 0; how sharply the chance falls below ``keep_at``.
-    Returns:
-        (k,) float64 in [floor, 1].
-    """
-    return np.clip((np.asarray(informative, dtype=np.float64) / keep_at) ** power, floor, 1.0)
+from orchestrator.core.passrate import keep_probability
+from orchestrator.core.registry import ModeOptions
+from orchestrator.core.selection import EpochSelection, SelectionContext, register_selection
 
 
-def check_options(opts: dict[str, float]) -> None:
-    """Refuse a ``keep_at`` outside (0, 1] or a ``floor`` outside [0, 1].
+class PredictedSkipOptions(ModeOptions):
+    """Options of ``predicted_skip`` (the policy's ``selection_options``)."""
 
-    Raises:
-        ValueError: naming the key and the value (:func:`check_unit_ranges`).
-    """
-    check_unit_ranges(opts, open_low=("keep_at",), closed=("floor",))
+    keep_at: float = Field(0.5, gt=0.0, le=1.0, description="Tasks predicted at least this informative are always kept.")
+    floor: float = Field(0.05, ge=0.0, le=1.0, description="The least chance a task is kept when its turn comes (GRESO's p_min plays this part).")
 
 
 @register_selection
@@ -65,25 +45,14 @@ class PredictedSkipSelection(EpochSelection):
     """Epoch order; a task is kept with probability :func:`keep_probability` of its prediction."""
 
     name = "predicted_skip"
-
-    def __init__(self, num_tasks: int, seed: int = 0, max_idle_epochs: int = 2):
-        super().__init__(num_tasks, seed, max_idle_epochs)
-        self.options = dict(DEFAULTS)
-
-    def configure(self, policy) -> None:
-        super().configure(policy)
-        if policy.selection != self.name:
-            return
-        opts = mode_options(policy, self.name, DEFAULTS)
-        check_options(opts)
-        self.options = opts
+    Options = PredictedSkipOptions
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)
         u = np.random.default_rng([self.seed, 3, self._epoch]).random(self.num_tasks)[tasks]
-        return base & (u < keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"]))
+        return base & (u < keep_probability(ctx.informative[tasks], self.options.keep_at, self.options.floor))
 
     def task_row(self, i: int, ctx: SelectionContext) -> dict:
         """``keep_probability``: the chance task ``i`` is rolled out when its turn comes."""
-        p = keep_probability(ctx.informative[i : i + 1], self.options["keep_at"], self.options["floor"])
+        p = keep_probability(ctx.informative[i : i + 1], self.options.keep_at, self.options.floor)
         return {"keep_probability": float(p[0])}

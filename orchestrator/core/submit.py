@@ -17,9 +17,9 @@ import operator
 
 import numpy as np
 
-from algos.dapo import GroupReason, InvalidGroupError, classify_groups
+from algos.dapo import InvalidGroupError, classify_groups
 from orchestrator.core.errors import short_repr
-from orchestrator.core.modes import GROUP_VALIDITY
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.rows import GroupRows, flagged
 from orchestrator.core.table import CheckedTable, check_table, table_error
 from orchestrator.core.types import Group, GroupTable, Purpose, UnknownTaskError
@@ -27,7 +27,7 @@ from orchestrator.core.validate import check_group, member_problem, wrong_size
 
 log = logging.getLogger("trinity_dso.core")
 
-_LABELS = {int(r): r.label for r in GroupReason}
+_LABELS = {int(r): r.label for r in GroupOutcome}
 _consume = collections.deque(maxlen=0).extend
 _TASK = operator.attrgetter("task_id")
 
@@ -81,7 +81,7 @@ class Submit:
         """
         p = self.policy
         n = p.group_size
-        validity = GROUP_VALIDITY[p.group_validity]
+        validity = p.mode("group_validity")
         check_group(g)
         self.task_index(g.task_id)
         if not g.rollouts:
@@ -189,7 +189,7 @@ class Submit:
         for g, err in invalid:
             log.warning("dropped invalid group of task %r: %s", g.task_id, err)
             bad.add(id(g))
-            g.reason = GroupReason.INVALID.label
+            g.reason = GroupOutcome.INVALID.label
             self._count_invalid(purpose, [g.size])
         accepted = [g for g in groups if id(g) not in bad] if bad else groups
         if accepted:
@@ -246,7 +246,7 @@ class Submit:
         if len(accepted):
             self._accept(accepted)
         labels = iter(accepted.reasons)
-        rows.reasons = [GroupReason.INVALID.label if b else next(labels) for b in bad.tolist()]
+        rows.reasons = [GroupOutcome.INVALID.label if b else next(labels) for b in bad.tolist()]
         return rows
 
     def _count_round(self, new_round: bool) -> tuple[int, Purpose]:
@@ -269,7 +269,7 @@ class Submit:
 
     def _count_invalid(self, purpose: Purpose, sizes: list[int]) -> None:
         """Count groups dropped as invalid on submit (of ``sizes`` rollouts each)."""
-        c, label, size = self.counters, GroupReason.INVALID.label, sum(sizes)
+        c, label, size = self.counters, GroupOutcome.INVALID.label, sum(sizes)
         c["groups_submitted"] += len(sizes)
         c["rollouts_initial" if purpose == "initial" else "rollouts_replenish"] += size
         self.window["rollouts"] += size
@@ -289,7 +289,7 @@ class Submit:
             )
         else:
             keep = np.ones(len(rows), dtype=bool)
-            reasons = np.full(len(rows), GroupReason.INFORMATIVE, dtype=np.int8)
+            reasons = np.full(len(rows), GroupOutcome.INFORMATIVE, dtype=np.int8)
         versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
         self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
@@ -298,7 +298,7 @@ class Submit:
         n_correct, n_valid = correct.sum(axis=1), valid.sum(axis=1)
         self.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
         for sel in self.selections.values():
-            sel.observe(idx, keep, reasons == GroupReason.ALL_CORRECT)
+            sel.observe(idx, keep, reasons == GroupOutcome.ALL_CORRECT)
         self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, int(all_versions.max()))
         if self.policy.skip_after_all_correct or self.policy.skip_after_all_wrong:
@@ -321,7 +321,7 @@ class Submit:
                 self.classified_by_reason[_LABELS[code]] += count
         c["rollouts_initial" if rows.purposes[0] == "initial" else "rollouts_replenish"] += size
         w["rollouts"] += size
-        informative = reasons == GroupReason.INFORMATIVE
+        informative = reasons == GroupOutcome.INFORMATIVE
         if informative.all():
             self.carry = GroupRows.concat(self.carry, rows)
             return

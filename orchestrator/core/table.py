@@ -12,7 +12,6 @@ from typing import NamedTuple
 import numpy as np
 
 from algos.dapo import InvalidGroupError
-from orchestrator.core.modes import GROUP_VALIDITY
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rows import GroupRows
 from orchestrator.core.types import GroupTable, UnknownTaskError
@@ -90,7 +89,7 @@ def check_table(table: GroupTable, policy: ResamplingPolicy, index: dict[str, in
         bad_row[:] = True
     else:
         bad_row |= (runs != np.arange(n)).any(axis=1)
-    bad_row |= usable.sum(axis=1) < GROUP_VALIDITY[p.group_validity].min_usable(p, width)
+    bad_row |= usable.sum(axis=1) < p.mode("group_validity").min_usable(p, width)
     errors = {i: _problem(table, i, p, index, runs, rewards, values, versions, judge) for i in np.flatnonzero(bad_row).tolist()}
     values = np.where(usable, values, np.nan)
     oldest = versions.min(axis=1).tolist() if width else [0] * num
@@ -119,4 +118,4 @@ def _problem(table: GroupTable, i: int, p: ResamplingPolicy, index: dict[str, in
                                  missing="missing or not a number")  # a NaN in a column: missing or NaN
         if problem is not None:
             problems.append(problem)
-    return GROUP_VALIDITY[p.group_validity].refusal(task, n - len(problems), p, problems)
+    return p.mode("group_validity").refusal(task, n - len(problems), p, problems)

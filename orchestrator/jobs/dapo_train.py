@@ -27,7 +27,8 @@ import numpy as np
 import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from algos.dapo import GroupReason, classify_groups
+from algos.dapo import classify_groups
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.policy import FilterConfig, ResamplingPolicy
 from orchestrator.core.types import Batch
 from orchestrator.jobs.results import write_json
@@ -254,7 +255,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             acc = np.array([[r.metrics["accuracy"] for r in g.rollouts] for g in groups])
             keep, reasons = classify_groups(acc)
             for g, code in zip(groups, reasons):
-                g.reason = GroupReason(int(code)).label
+                g.reason = GroupOutcome(int(code)).label
             batch = Batch(step, groups, model_version=version)
         rollout_s = time.monotonic() - t0
         t1 = time.monotonic()
@@ -297,7 +298,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             rollouts = local["rollouts"]
             classified = len(batch.groups)
             kept = sum(g.reason == "informative" for g in batch.groups)
-            dropped = {r.label: sum(g.reason == r.label for g in batch.groups) for r in GroupReason if r.label != "informative"}
+            dropped = {r.label: sum(g.reason == r.label for g in batch.groups) for r in GroupOutcome if r.label != "informative"}
             rewards = [[e.reward for e in g.rollouts] for g in batch.groups]
             reward_all = float(np.mean(rewards))
             inf = [r for g, r in zip(batch.groups, rewards) if g.reason == "informative"]

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from algos.dapo import GroupReason, classify_groups
+from algos.dapo import classify_groups
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.types import Batch, Group
 
 TRINITY_DIFFICULTY_KWARGS = {"target_reward": 0.5, "tau": 0.1, "m": 8, "lamb": 0.2, "rho": 0.2}
@@ -38,7 +39,7 @@ class DapoRecipeLoop:
         self.epoch, self.cursor = 0, 0
         self.order = np.random.default_rng([seed, 0]).permutation(len(tasks))
         self.rollouts = self.classified = self.kept = self.discarded = 0
-        self.dropped = {r.label: 0 for r in GroupReason if r != GroupReason.INFORMATIVE}
+        self.dropped = {r.label: 0 for r in GroupOutcome if r != GroupOutcome.INFORMATIVE}
 
     def pick(self, count: int) -> list[int]:
         out = []
@@ -65,7 +66,7 @@ class DapoRecipeLoop:
             keep, reasons = classify_groups(acc)
             self.feedback(idx, acc)
             for g, code in zip(groups, reasons):
-                g.reason = GroupReason(int(code)).label
+                g.reason = GroupOutcome(int(code)).label
                 if g.reason != "informative":
                     self.dropped[g.reason] += 1
             kept += [g for g, k in zip(groups, keep) if k]

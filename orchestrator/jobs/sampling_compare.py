@@ -41,8 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from algos.dapo import classify_groups
-from orchestrator.core.passrate import plugin_informativeness
-from orchestrator.core.skip import keep_probability
+from orchestrator.core.passrate import keep_probability, plugin_informativeness
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 from orchestrator.jobs.results import write_json
 

@@ -47,9 +47,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from algos.dapo import GroupReason, InvalidGroupError
+from algos.dapo import InvalidGroupError
 from orchestrator.anchors.owner import AnchorIndexConfig
 from orchestrator.core.machine import OrchestratorCore, RoundPlan, trajectory_rollouts
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.passrate import task_tags
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
@@ -333,7 +334,7 @@ class Orchestrator:
         that step's held groups; ``orchestrator.trinity.held``). Counted in ``dropped_by_reason``
         and logged; refs not held are ignored (idempotent, so Ray may retry it). Returns how many
         were dropped, once committed."""
-        count = await self._committed(lambda: self.core.drop_held(set(refs), GroupReason.LOST.label))
+        count = await self._committed(lambda: self.core.drop_held(set(refs), GroupOutcome.LOST.label))
         if count:
             log.warning("dropped %d held groups as lost (their payload died with the explorer)", count)
         return count

@@ -126,17 +126,17 @@ from typing import Any
 
 import numpy as np
 
-from algos.dapo import GroupReason
 from orchestrator.core.machine import rollout_lags
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.stats import Stats
 
 PREFIX = "dso"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Content type of :meth:`DSOMetrics.exposition` (Prometheus text format 0.0.4)."""
 
-OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupReason)
-"""Label values of ``outcome`` (filter outcomes, ``algos.dapo.GroupReason``)."""
-DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupReason if r != GroupReason.INFORMATIVE)
+OUTCOMES: tuple[str, ...] = tuple(r.label for r in GroupOutcome)
+"""Label values of ``outcome`` (filter outcomes, ``orchestrator.core.outcomes.GroupOutcome``)."""
+DROP_REASONS: tuple[str, ...] = tuple(r.label for r in GroupOutcome if r != GroupOutcome.INFORMATIVE)
 """Label values of ``reason`` on ``dso_groups_dropped_total``."""
 PURPOSES: tuple[str, ...] = ("initial", "replenish")
 KEEP_KINDS: tuple[str, ...] = ("predicted", "realised")

@@ -14,8 +14,8 @@ import torch
 from trinity.buffer.operators import ExperienceOperatorV1
 from trinity.common.experience import Experience as TrinityExperience
 
-from algos.dapo import GroupReason
 from orchestrator.core.machine import DataExhaustedError
+from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.types import GroupTable
 from orchestrator.trinity.attach import (
@@ -396,9 +396,9 @@ class OrchestratorOperator(ExperienceOperatorV1):
         await self._sweep(actor, held, refresh=batches > len(ready))
         metrics = {
             "dso/groups_submitted": len(labels),
-            "dso/groups_kept": int((labels == GroupReason.INFORMATIVE.label).sum()),
+            "dso/groups_kept": int((labels == GroupOutcome.INFORMATIVE.label).sum()),
             "dso/groups_incomplete": incomplete,
-            "dso/groups_invalid": int((labels == GroupReason.INVALID.label).sum()),
+            "dso/groups_invalid": int((labels == GroupOutcome.INVALID.label).sum()),
             "dso/batches_released": batches,
             "dso/groups_padding": padded,
             "dso/experiences_released": len(released),

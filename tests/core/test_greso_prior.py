@@ -60,7 +60,7 @@ def test_options_of_both_rules_are_accepted_and_others_refused():
     # every mode's (tests/core/test_every_selection.py)
     opts = {"keep_at": 0.6, "floor": 0.1, "p_min": 0.1, "target_zero_share": 0.3}
     c = OrchestratorCore(ResamplingPolicy(selection="greso_prior", selection_options=opts), ["a"], seed=0)
-    assert {k: c.selection.options[k] for k in opts} == opts
+    assert {k: getattr(c.selection.options, k) for k in opts} == opts
     with pytest.raises(ValueError, match="selection_options.*bogus"):
         OrchestratorCore(ResamplingPolicy(selection="greso_prior", selection_options={"bogus": 1.0}), ["a"], seed=0)
 

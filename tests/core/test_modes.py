@@ -59,7 +59,7 @@ def test_each_registry_holds_its_built_in_modes():
     assert set(STALE_MEMBERS) == {"oldest", "mask"}
     assert set(REPLENISH) == {"fresh_tasks", "same_tasks", "none"}
     assert set(ON_CAP) == {"pad", "partial", "raise"}
-    assert set(MODES) == {"group_validity", "stale_members", "replenish", "on_cap"}
+    assert set(MODES) == {"selection", "group_validity", "stale_members", "replenish", "on_cap"}
 
 
 @pytest.mark.parametrize("field, expected", [
@@ -104,7 +104,7 @@ def test_a_registry_refuses_a_second_class_under_a_taken_name_and_a_class_of_ano
         register_on_cap(Other)
     with pytest.raises(TypeError, match="on_cap: .* is not a subclass of OnCap"):
         register_on_cap(Replenish)
-    assert register_on_cap(PadOnCap) is PadOnCap and type(ON_CAP["pad"]) is PadOnCap  # the same class again: a no-op
+    assert register_on_cap(PadOnCap) is PadOnCap and ON_CAP["pad"] is PadOnCap  # the same class again: a no-op
 
 
 def test_a_new_on_cap_mode_is_selectable_and_closes_the_batch(registries):

@@ -7,11 +7,17 @@ from hypothesis import strategies as st
 
 from orchestrator.core.selection import (
     EpochSelection,
+    InformativeOptions,
     InformativeSelection,
     SelectionContext,
     draw_weights,
     weighted_order,
 )
+
+
+def informative_selection(num_tasks, seed=0, **options):
+    """``informative`` with explore 0.1, sharpness 1 and revisit 4 unless given (the values these tests were computed for)."""
+    return InformativeSelection(num_tasks, seed, InformativeOptions(**{"explore": 0.1, "sharpness": 1.0, "revisit_epochs": 4, **options}))
 
 
 def ctx(informative, skip=None, **kw):
@@ -58,18 +64,18 @@ def test_epoch_selection_walks_the_seeded_permutation():
 
 def test_fill_takes_the_shortest_prefix_reaching_need():
     # no exploration and only tasks 0 and 1 informative: they come first in some order
-    sel = InformativeSelection(4, seed=0)
-    picked = sel.fill(1.5, 10, ctx([0.9, 0.8, 0.0, 0.0], explore=0.0))
+    sel = informative_selection(4, seed=0, explore=0.0)
+    picked = sel.fill(1.5, 10, ctx([0.9, 0.8, 0.0, 0.0]))
     assert sorted(picked.tolist()) == [0, 1]  # 0.9 + 0.8 >= 1.5, and no single task reaches it
 
 
 def test_fill_stops_at_limit():
-    sel = InformativeSelection(4, seed=0)
-    assert len(sel.fill(3.0, 2, ctx([0.9, 0.8, 0.7, 0.6], explore=0.0))) == 2
+    sel = informative_selection(4, seed=0, explore=0.0)
+    assert len(sel.fill(3.0, 2, ctx([0.9, 0.8, 0.7, 0.6]))) == 2
 
 
 def test_fill_with_nothing_needed_picks_nothing():
-    sel = InformativeSelection(4, seed=0)
+    sel = informative_selection(4, seed=0)
     assert len(sel.fill(0.0, 4, ctx([0.5] * 4))) == 0 and sel.picks == 0
 
 
@@ -80,8 +86,8 @@ def test_fill_with_nothing_needed_picks_nothing():
     seed=st.integers(0, 1000),
 )
 def test_fill_prefix_is_minimal(informative, need, seed):
-    sel = InformativeSelection(len(informative), seed=seed)
-    c = ctx(informative, explore=0.1)
+    sel = informative_selection(len(informative), seed=seed)
+    c = ctx(informative)
     picked = sel.fill(need, len(informative), c)
     got = c.informative[picked].sum()
     assert got >= need - 1e-9 or len(picked) == len(informative)
@@ -89,7 +95,7 @@ def test_fill_prefix_is_minimal(informative, need, seed):
 
 
 def test_ineligible_tasks_are_never_drawn():
-    sel = InformativeSelection(4, seed=0)
+    sel = informative_selection(4, seed=0)
     picked = sel.select(4, ctx([1.0, 1.0, 1.0, 1.0], skip=[0, 5, 0, 5]))
     assert sorted(picked.tolist()) == [0, 2]
 
@@ -103,8 +109,8 @@ def test_ineligible_tasks_are_never_drawn():
 )
 def test_every_task_is_drawn_within_revisit_plus_one_epochs(num_tasks, revisit, round_size, seed):
     # only task 0 is ever worth drawing and there is no exploration: the others come only when due
-    sel = InformativeSelection(num_tasks, seed=seed)
-    c = ctx([1.0] + [0.0] * (num_tasks - 1), explore=0.0, revisit_epochs=revisit)
+    sel = informative_selection(num_tasks, seed=seed, explore=0.0, revisit_epochs=revisit)
+    c = ctx([1.0] + [0.0] * (num_tasks - 1))
     last = np.zeros(num_tasks, dtype=np.int64)
     worst = 0
     for _ in range(4 * (revisit + 2) * num_tasks // round_size + 4):
@@ -116,10 +122,10 @@ def test_every_task_is_drawn_within_revisit_plus_one_epochs(num_tasks, revisit, 
 
 
 def test_informative_state_round_trip_repeats_the_next_draw():
-    sel = InformativeSelection(20, seed=5)
+    sel = informative_selection(20, seed=5)
     c = ctx(np.linspace(0, 1, 20))
     sel.select(7, c)
-    copy = InformativeSelection(20, seed=5)
+    copy = informative_selection(20, seed=5)
     copy.load_state_dict(sel.state_dict())
     assert copy.select(7, c).tolist() == sel.select(7, c).tolist()
 

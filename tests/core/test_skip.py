@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from orchestrator.core.machine import OrchestratorCore
+from orchestrator.core.passrate import keep_probability
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import SELECTIONS, SelectionContext
-from orchestrator.core.skip import PredictedSkipSelection, keep_probability
+from orchestrator.core.skip import PredictedSkipSelection
 from orchestrator.core.types import Experience, ExperienceId, Group
 
 

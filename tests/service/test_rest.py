@@ -105,6 +105,22 @@ def test_an_answer_screen_the_source_cannot_serve_is_422_and_changes_nothing(orc
     assert http.get("/v1/policy").json() == before
 
 
+def test_an_unknown_or_misplaced_option_of_every_mode_is_422_naming_it_and_changes_nothing(orch, http):
+    from orchestrator.core.modes import MODES
+
+    for field, registry in MODES.items():
+        others = {k for cls in registry.values() for k in cls.Options.model_fields}
+        for name, cls in registry.items():
+            for option in ["no_such_option", *sorted(others - set(cls.Options.model_fields))]:
+                message = refused(http, "PATCH", {field: name, f"{field}_options": {option: 0.5}})
+                assert f"{field}_options.{option}: not an option of {field} {name!r}" in message, message
+
+
+def test_an_old_informative_field_over_rest_is_422_saying_where_it_moved(orch, http):
+    message = refused(http, "PATCH", {"selection": "informative", "selection_explore": 0.0})
+    assert "selection_explore moved to selection_options.explore" in message, message
+
+
 def test_invalid_put_is_422(orch, http):
     whole = http.get("/v1/policy").json()["policy"]
     r = http.put("/v1/policy", json=whole | {"group_size": 0}, headers=AUTH)
@@ -388,7 +404,7 @@ def test_selection_switched_over_rest_mid_run(svc, http):
     ray.get(orch.next_batch.remote())
     epoch_stats = http.get("/v1/stats").json()
     assert epoch_stats["selection"] == "epoch"
-    r = http.patch("/v1/policy", json={"selection": "informative", "selection_explore": 0.0}, headers=AUTH)
+    r = http.patch("/v1/policy", json={"selection": "informative", "selection_options": {"explore": 0.0}}, headers=AUTH)
     assert r.status_code == 200 and r.json()["policy"]["selection"] == "informative"
     ray.get(orch.next_batch.remote())
     s = http.get("/v1/stats").json()
