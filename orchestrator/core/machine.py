@@ -65,21 +65,21 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from orchestrator.core.errors import DataExhaustedError, ReplenishCapError, short_repr  # noqa: F401 - importers find them here
-from orchestrator.core.history import TaskHistory
-from orchestrator.core.outcomes import GroupOutcome
-from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
 from orchestrator.core.rounds import OPEN_ROUNDS_KEPT, RoundPlan, Rounds  # noqa: F401
 from orchestrator.core.rows import GroupRows, flagged  # noqa: F401
-from orchestrator.core.selection import TaskSelection
 from orchestrator.core.selections import make_selection
+from orchestrator.core.shared import OpenBatch, Run, Tally
 from orchestrator.core.state import CoreState, group_from_dict, group_to_dict, json_safe  # noqa: F401
-from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
+from orchestrator.core.stats import BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
 from orchestrator.core.submit import Submit
+from orchestrator.core.tasks import TaskColumns
 from orchestrator.core.types import Experience, ExperienceId
 from orchestrator.core.validate import MAX_INT32
 
@@ -120,13 +120,33 @@ def trajectory_rollouts(steps: list[Experience]) -> list[Experience]:
     return out
 
 
-class OrchestratorCore(Rounds, Submit, Release, CoreState):
+def _owned(part: str, name: str, settable: bool = False) -> property:
+    """``core.<name>``: the attribute or method ``name`` of the part that owns it."""
+
+    def get(self: OrchestratorCore) -> Any:
+        return getattr(getattr(self, part), name)
+
+    def put(self: OrchestratorCore, value: Any) -> None:
+        setattr(getattr(self, part), name, value)
+
+    return property(get, put if settable else None, doc=f"``{part}.{name}``")
+
+
+class OrchestratorCore:
     """Dynamic-sampling state machine for one training run.
+
+    Composed of parts, each given in its constructor the shared state it reads
+    (:mod:`orchestrator.core.shared`: :class:`Run`, :class:`OpenBatch`, :class:`Tally`; and the
+    per-task :class:`~orchestrator.core.tasks.TaskColumns`) and the parts it calls:
+    :class:`Rounds` (``rounds``), :class:`Submit` (``intake``), :class:`Release` (``release``)
+    and :class:`CoreState` (``snapshot``). The attributes and methods below name the part
+    that owns each.
 
     Args:
         policy: the resampling policy (replaceable at run time with :meth:`set_policy`).
         task_ids: every task id of the task set, in a stable order.
         seed: seeds the per-epoch task order.
+        task_tags: each task's difficulty tag (pass-rate priors by tag), or None.
     Raises:
         ValueError: empty or duplicate task ids.
     """
@@ -136,51 +156,81 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
             raise ValueError("task_ids: the task set is empty")
         if len(set(task_ids)) != len(task_ids):
             raise ValueError("task_ids: duplicate task ids")
-        self.policy = policy
-        self.policy_revision = 0
-        self.task_ids = list(task_ids)
-        self._index = {t: i for i, t in enumerate(self.task_ids)}
-        self.seed = seed
-        self.history = TaskHistory(len(task_ids))
-        self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life, tags=task_tags)
-        self.model_version = 0  # newest model version (model weights) seen
-        # task order: one selection per mode used so far (the registry's, made on first use), each
-        # keeping its place while another is active
-        self.selections: dict[str, TaskSelection] = {policy.selection: make_selection(policy.selection, len(task_ids), seed, policy)}
-        # the active selection's epoch in which each task was last drawn (-1: never); skip-rule
-        # cooldowns count from it, in the active selection's epochs
-        self.pick_epoch = np.full(len(task_ids), -1, dtype=np.int64)
-        # planned rounds awaiting their groups: round key -> counts; task index -> round keys
-        self.open_rounds: dict[str, dict] = {}
-        self.awaited: dict[int, list[str]] = {}
-        self.last_round: dict | None = None
-        # the open batch
-        self.batch_id = 0
-        self.rounds_started = 0  # rounds planned for the open batch (cap, same_tasks)
-        self.rounds_submitted = 0  # rounds submitted into the open batch (purpose, counters)
-        # the answer screen's tally of the round being planned (Rounds.answer_top_up); not kept in
-        # checkpoints: it lives from plan_round to the round's rollouts, within one next_batch call
-        self.answer_tally: dict[str, float] = {"scored": 0, "expected": 0.0}
-        self.dropped_task_ids: list[str] = []
-        # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
-        self.in_flight: list[str] = []
-        self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
-        self.carry = GroupRows.empty(policy.group_size)  # informative groups, oldest first
-        self.candidates = GroupRows.empty(policy.group_size)  # the open batch's dropped groups, for padding
-        # counters (cumulative)
-        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)  # cumulative, see Stats
-        self.classified_by_reason = {r.label: 0 for r in GroupOutcome}
-        self.dropped_by_reason = {r.label: 0 for r in GroupOutcome if r != GroupOutcome.INFORMATIVE}
-        self.rounds_per_batch: list[int] = []
-        self.requeue: list[str] = []  # tasks of stale groups to roll again (requeue_stale)
-        self.window = self._new_window()  # per-batch sums since the last release
-        self.last_batch: dict = {}  # per-batch reward metrics of the last released batch
-        # task rows the per-task columns were written at since touched_rows(); None: any row
-        self._touched: list[np.ndarray] | None = None
+        run = self.run = Run(policy)
+        tasks = self.tasks = TaskColumns(task_ids, seed, policy.passrate_half_life, task_tags)
+        tally = self.tally = Tally()
+        batch = self.batch = OpenBatch(policy.group_size)
+        self.rounds = Rounds(run, tasks, tally, batch, view=self)
+        self.intake = Submit(run, tasks, tally, batch, self.rounds)
+        self.release = Release(run, tasks, tally, batch, self.intake, view=self)
+        self.snapshot = CoreState(run, tasks, tally, batch, self.rounds, self.intake)
 
-    @staticmethod
-    def _new_window() -> dict:
-        return {"reward_sum_all": 0.0, "reward_count_all": 0, "reward_sum_kept": 0.0, "reward_count_kept": 0, "rollouts": 0}
+    # who owns what: the shared state
+    policy = _owned("run", "policy", settable=True)
+    policy_revision = _owned("run", "policy_revision", settable=True)
+    model_version = _owned("run", "model_version", settable=True)
+    task_ids = _owned("tasks", "task_ids")
+    seed = _owned("tasks", "seed")
+    history = _owned("tasks", "history")
+    passrate = _owned("tasks", "passrate")
+    pick_epoch = _owned("tasks", "pick_epoch", settable=True)
+    task_index = _owned("tasks", "task_index")
+    touched_rows = _owned("tasks", "touched_rows")
+    counters = _owned("tally", "counters", settable=True)
+    classified_by_reason = _owned("tally", "classified_by_reason")
+    dropped_by_reason = _owned("tally", "dropped_by_reason")
+    rounds_per_batch = _owned("tally", "rounds_per_batch")
+    window = _owned("tally", "window")
+    last_batch = _owned("tally", "last_batch")
+    carry = _owned("batch", "carry", settable=True)
+    candidates = _owned("batch", "candidates", settable=True)
+    batch_id = _owned("batch", "batch_id")
+    rounds_started = _owned("batch", "rounds_started")
+    rounds_submitted = _owned("batch", "rounds_submitted")
+    dropped_task_ids = _owned("batch", "dropped_task_ids", settable=True)
+    requeue = _owned("batch", "requeue")
+    # the rounds part: task selection, round plans, screens, tasks handed out
+    selections = _owned("rounds", "selections")
+    selection = _owned("rounds", "selection")
+    epoch = _owned("rounds", "epoch")
+    open_rounds = _owned("rounds", "open_rounds")
+    last_round = _owned("rounds", "last_round")
+    in_flight = _owned("rounds", "in_flight")
+    requeued = _owned("rounds", "requeued")
+    predicted_informative = _owned("rounds", "predicted_informative")
+    predicted_keep_rate = _owned("rounds", "predicted_keep_rate")
+    select_tasks = _owned("rounds", "select_tasks")
+    epochs_done = _owned("rounds", "epochs_done")
+    rollouts_left = _owned("rounds", "rollouts_left")
+    exhausted = _owned("rounds", "exhausted")
+    missing_groups = _owned("rounds", "missing_groups")
+    cap_reached = _owned("rounds", "cap_reached")
+    replenish_blocked = _owned("rounds", "replenish_blocked")
+    plan_round = _owned("rounds", "plan_round")
+    screen_plan = _owned("rounds", "screen_plan")
+    record_screens = _owned("rounds", "record_screens")
+    answer_reused = _owned("rounds", "answer_reused")
+    answer_screen = _owned("rounds", "answer_screen")
+    answer_top_up = _owned("rounds", "answer_top_up")
+    next_tasks = _owned("rounds", "next_tasks")
+    requeue_in_flight = _owned("rounds", "requeue_in_flight")
+    # the intake part: groups in
+    judge_name = _owned("intake", "judge_name")
+    check_groups = _owned("intake", "check_groups")
+    check_table = _owned("intake", "check_table")
+    validate = _owned("intake", "validate")
+    submit = _owned("intake", "submit")
+    submit_table = _owned("intake", "submit_table")
+    drop_held = _owned("intake", "drop_held")
+    # the release part: batches out
+    try_emit = _owned("release", "try_emit")
+    close_at_cap = _owned("release", "close_at_cap")
+    finish = _owned("release", "finish")
+    # the snapshot part: save and load
+    held_groups = _owned("snapshot", "held_groups")
+    state = _owned("snapshot", "state")
+    state_dict = _owned("snapshot", "state_dict")
+    load_state_dict = _owned("snapshot", "load_state_dict")
 
     # ------------------------------------------------------------------ policy
     def set_policy(self, policy: ResamplingPolicy) -> int:
@@ -220,7 +270,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         left = np.maximum(h.skip_until_epoch - old_epoch, 0)
         h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
         self.pick_epoch[:] = np.where(self.pick_epoch >= 0, np.maximum(new_epoch + self.pick_epoch - old_epoch, 0), -1)
-        self._touch(np.arange(len(self.task_ids), dtype=np.int64))
+        self.tasks.touch(np.arange(len(self.task_ids), dtype=np.int64))
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.
@@ -281,7 +331,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         Raises :class:`UnknownTaskError`.
         """
         i = self.task_index(task_id)
-        extra = self.selection.task_row(i, self._context())
+        extra = self.selection.task_row(i, self.rounds.context())
         return TaskStats(
             task_id=task_id,
             **self.history.row(i),
