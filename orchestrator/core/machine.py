@@ -4,14 +4,21 @@ Pure Python and numpy: no Ray, no I/O, no clock. The Ray actor (``orchestrator.s
 thin shell that feeds it rollouts and forwards its batches.
 
 Where things live: :class:`OrchestratorCore` (here: construction, policy and model version,
-stats views) is composed of parts, one job each:
+stats views) is composed of parts, one job each. Each part is given in its constructor the
+shared state it reads (:mod:`orchestrator.core.shared`: the policy and model version, the open
+batch, the counters; :mod:`orchestrator.core.tasks`: the per-task columns) and the parts it
+calls; none reads another's attributes through ``self``:
 
-- :mod:`orchestrator.core.rounds`: task selection, end of data, round plans, open rounds, the
-  hand-out of tasks to an attached explorer;
-- :mod:`orchestrator.core.submit`: groups in (judging, validity, the list and table routes,
-  classification, carry or drop, counters);
-- :mod:`orchestrator.core.release`: batches out (staleness at assembly, padding, ``on_cap``);
-- :mod:`orchestrator.core.state`: save, load and the version-1 migration.
+- :mod:`orchestrator.core.rounds` (``core.rounds``): task selection, end of data, round plans,
+  open rounds, the hand-out of tasks to an attached explorer;
+- :mod:`orchestrator.core.submit` (``core.intake``): groups in (judging, validity, the list and
+  table routes, classification, carry or drop, counters);
+- :mod:`orchestrator.core.release` (``core.release``): batches out (staleness at assembly,
+  padding, ``on_cap``);
+- :mod:`orchestrator.core.state` (``core.snapshot``): save, load and the version-1 migration.
+
+The core's attributes and methods say which part owns each (``core.carry`` is
+``core.batch.carry``, ``core.plan_round`` is ``core.rounds.plan_round``).
 
 The policy's modes are strategy objects the parts look up by the policy's value, one registry
 per extension point: :mod:`orchestrator.core.modes` (``group_validity``, ``stale_members``,
@@ -74,7 +81,6 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
 from orchestrator.core.rounds import OPEN_ROUNDS_KEPT, RoundPlan, Rounds  # noqa: F401
 from orchestrator.core.rows import GroupRows, flagged  # noqa: F401
-from orchestrator.core.selections import make_selection
 from orchestrator.core.shared import OpenBatch, Run, Tally
 from orchestrator.core.state import CoreState, group_from_dict, group_to_dict, json_safe  # noqa: F401
 from orchestrator.core.stats import BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
@@ -245,13 +251,7 @@ class OrchestratorCore:
                 f"while {len(self.carry) + len(self.candidates)} groups are held (they have {self.policy.group_size} "
                 "rollouts each); change it once the stats' groups_held is 0"
             )
-        old = self.selection
-        new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.task_ids), self.seed, policy)
-        for sel in {**self.selections, policy.selection: new}.values():
-            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
-        self.selections[policy.selection] = new
-        if new is not old:
-            self._move_cooldowns(old.epoch, new.epoch)
+        self.rounds.use_policy(policy)  # may refuse it (e.g. unknown selection options): nothing changed yet
         self.policy = policy
         self.policy_revision += 1
         self.passrate.half_life = policy.passrate_half_life
@@ -261,16 +261,6 @@ class OrchestratorCore:
         """Back to a new core's state (the same policy, task ids, seed and task tags), in place: the
         parts that hold this core keep it (the actor after a failed first commit)."""
         self.__init__(self.policy, self.task_ids, seed=self.seed, task_tags=self.passrate.task_tags())
-
-    def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
-        """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
-        ``selection``): a task keeps the epochs it has left to sit out, counted from the new
-        selection's current epoch."""
-        h = self.history
-        left = np.maximum(h.skip_until_epoch - old_epoch, 0)
-        h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
-        self.pick_epoch[:] = np.where(self.pick_epoch >= 0, np.maximum(new_epoch + self.pick_epoch - old_epoch, 0), -1)
-        self.tasks.touch(np.arange(len(self.task_ids), dtype=np.int64))
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.

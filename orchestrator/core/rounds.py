@@ -23,6 +23,7 @@ from orchestrator.core.passrate import (
     keep_probability,
     plugin_informativeness,
 )
+from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
 from orchestrator.core.shared import OpenBatch, Run, Tally
@@ -96,6 +97,63 @@ class Rounds:
         # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
         self.in_flight: list[str] = []
         self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
+
+    def use_policy(self, policy: ResamplingPolicy) -> None:
+        """Make (on first use) and configure the selection of a new policy, before it applies: every
+        selection made so far is configured, and may refuse it (nothing has changed then); a switch
+        of ``selection`` moves the cooldowns to the new selection's epochs."""
+        old = self.selection
+        new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.tasks), self.tasks.seed, policy)
+        for sel in {**self.selections, policy.selection: new}.values():
+            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
+        self.selections[policy.selection] = new
+        if new is not old:
+            self._move_cooldowns(old.epoch, new.epoch)
+
+    def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
+        """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
+        ``selection``): a task keeps the epochs it has left to sit out, counted from the new
+        selection's current epoch."""
+        h = self.tasks.history
+        left = np.maximum(h.skip_until_epoch - old_epoch, 0)
+        h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
+        self.tasks.pick_epoch[:] = np.where(self.tasks.pick_epoch >= 0, np.maximum(new_epoch + self.tasks.pick_epoch - old_epoch, 0), -1)
+        self.tasks.touch(np.arange(len(self.tasks), dtype=np.int64))
+
+    def observe(self, idx: np.ndarray, keep: np.ndarray, all_correct: np.ndarray) -> None:
+        """Every selection made so far learns from submitted groups: (G,) task rows, kept and all-correct flags."""
+        for sel in self.selections.values():
+            sel.observe(idx, keep, all_correct)
+
+    def state(self) -> dict:
+        """This part's entries of the core's state (:meth:`~orchestrator.core.state.CoreState.state`):
+        ``selections``, ``open_rounds``, ``awaited``, ``last_round``, ``in_flight``, ``requeued``."""
+        return {
+            "selections": {name: sel.state_dict() for name, sel in self.selections.items()},
+            "open_rounds": {k: dict(v) for k, v in self.open_rounds.items()},
+            "awaited": {str(i): list(keys) for i, keys in self.awaited.items()},
+            "last_round": dict(self.last_round) if self.last_round else None,
+            "in_flight": list(self.in_flight),
+            "requeued": list(self.requeued),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state`'s entries, after the core restored the policy and the seed (a
+        version-1 state holds only the epoch order: the other entries stay as they are)."""
+        n, seed, policy = len(self.tasks), self.tasks.seed, self.run.policy
+        self.selections = {}
+        if "selections" in state:
+            for name, sel_state in state["selections"].items():
+                self.selections[name] = make_selection(name, n, seed, policy)
+                self.selections[name].load_state_dict(sel_state)
+            self.open_rounds = {k: dict(v) for k, v in state["open_rounds"].items()}
+            self.awaited = {int(i): list(keys) for i, keys in state["awaited"].items()}
+            self.last_round = dict(state["last_round"]) if state["last_round"] else None
+        else:  # version 1: epoch order only, no estimates
+            self.selections["epoch"] = make_selection("epoch", n, seed, policy)
+            self.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
+        self.in_flight = list(state.get("in_flight", []))
+        self.requeued = list(state.get("requeued", []))
 
     @property
     def selection(self) -> TaskSelection:

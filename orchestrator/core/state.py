@@ -19,7 +19,6 @@ import numpy as np
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.rounds import Rounds
 from orchestrator.core.rows import GroupRows
-from orchestrator.core.selections import make_selection
 from orchestrator.core.shared import OpenBatch, Run, Tally
 from orchestrator.core.submit import Submit
 from orchestrator.core.tasks import TaskColumns
@@ -104,16 +103,11 @@ class CoreState:
             "history": self.tasks.history.state_dict(),
             "model_version": self.run.model_version,
             "passrate": self.tasks.passrate.state_dict(),
-            "selections": {name: sel.state_dict() for name, sel in self.rounds.selections.items()},
             "pick_epoch": self.tasks.pick_epoch,
-            "open_rounds": {k: dict(v) for k, v in self.rounds.open_rounds.items()},
-            "awaited": {str(i): list(keys) for i, keys in self.rounds.awaited.items()},
-            "last_round": dict(self.rounds.last_round) if self.rounds.last_round else None,
+            **self.rounds.state(),  # selections, open_rounds, awaited, last_round, in_flight, requeued
             "batch_id": self.batch.batch_id,
             "rounds_started": self.batch.rounds_started,
             "rounds_submitted": self.batch.rounds_submitted,
-            "in_flight": list(self.rounds.in_flight),
-            "requeued": list(self.rounds.requeued),
             "dropped_task_ids": list(self.batch.dropped_task_ids),
             "carry": held(self.batch.carry),
             "candidates": held(self.batch.candidates),
@@ -145,22 +139,11 @@ class CoreState:
         self.run.model_version = state["model_version"]
         self.batch.batch_id, self.batch.rounds_started = state["batch_id"], state["rounds_started"]
         self.tasks.passrate.half_life = self.run.policy.passrate_half_life
-        self.rounds.selections = {}
         self.tasks.pick_epoch = np.array(state.get("pick_epoch", np.full(len(self.tasks.task_ids), -1)), dtype=np.int64)
         if "selections" in state:
             self.tasks.passrate.load_state_dict(state["passrate"])
-            for name, sel_state in state["selections"].items():
-                self.rounds.selections[name] = make_selection(name, len(self.tasks.task_ids), self.tasks.seed, self.run.policy)
-                self.rounds.selections[name].load_state_dict(sel_state)
-            self.rounds.open_rounds = {k: dict(v) for k, v in state["open_rounds"].items()}
-            self.rounds.awaited = {int(i): list(keys) for i, keys in state["awaited"].items()}
-            self.rounds.last_round = dict(state["last_round"]) if state["last_round"] else None
-        else:  # version 1: epoch order only, no estimates
-            self.rounds.selections["epoch"] = make_selection("epoch", len(self.tasks.task_ids), self.tasks.seed, self.run.policy)
-            self.rounds.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
+        self.rounds.load_state(state)
         self.batch.rounds_submitted = int(state.get("rounds_submitted", self.batch.rounds_started))
-        self.rounds.in_flight = list(state.get("in_flight", []))
-        self.rounds.requeued = list(state.get("requeued", []))
         self.batch.dropped_task_ids = list(state["dropped_task_ids"])
 
         def held(items: list) -> GroupRows:
