@@ -1,7 +1,8 @@
 """The modes of the resampling policy: one small strategy class per mode, one registry per extension point.
 
-Five policy fields name a mode: ``selection`` (which tasks a round rolls out; its modes live in
-their own files, collected by :mod:`orchestrator.core.selections`), ``group_validity`` (what a
+Six policy fields name a mode: ``selection`` (which tasks a round rolls out; its modes live in
+their own files, collected by :mod:`orchestrator.core.selections`), ``screen`` (what a round's
+tasks go through first, :mod:`orchestrator.core.screens`), ``group_validity`` (what a
 group with unusable members gets), ``stale_members`` (what a group with stale members gets at
 assembly), ``replenish`` (which tasks a replenish round rolls out) and ``on_cap`` (how a batch
 closes at the replenish-round cap). Every one is a
@@ -25,6 +26,7 @@ from algos.dapo import classify_groups
 from orchestrator.core.errors import ReplenishCapError
 from orchestrator.core.registry import Mode, Registry
 from orchestrator.core.rows import GroupRows, flagged
+from orchestrator.core.screens import SCREENS
 from orchestrator.core.selections import SELECTIONS
 
 
@@ -251,6 +253,6 @@ class RaiseOnCap(OnCap):
         )
 
 
-MODES: dict[str, Registry] = {r.field: r for r in (SELECTIONS, GROUP_VALIDITY, STALE_MEMBERS, REPLENISH, ON_CAP)}
+MODES: dict[str, Registry] = {r.field: r for r in (SELECTIONS, SCREENS, GROUP_VALIDITY, STALE_MEMBERS, REPLENISH, ON_CAP)}
 """Policy field -> its registry (the policy's fields accept the names registered here:
 :class:`orchestrator.core.policy.Registered`)."""

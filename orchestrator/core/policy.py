@@ -41,23 +41,36 @@ class InvalidPolicyError(ValueError):
 def valid_fields_hint(errors: list[dict]) -> str:
     """``"; valid fields: ..."`` for each distinct level (policy or ``filter``) of an unknown
     field among pydantic ``errors`` (``extra_forbidden``), after where a field that moved went
-    (:data:`MOVED_TO_SELECTION_OPTIONS`); else ``""``."""
+    (:data:`MOVED_FIELDS`); else ``""``."""
     hint = ""
     for e in errors:
-        moved = MOVED_TO_SELECTION_OPTIONS.get(e["loc"][-1]) if e.get("type") == "extra_forbidden" and e.get("loc") else None
-        if moved:
-            hint += f"; {e['loc'][-1]} moved to selection_options.{moved} (an option of selection 'informative')"
+        old = e["loc"][-1] if e.get("type") == "extra_forbidden" and e.get("loc") else None
+        if old in MOVED_FIELDS:
+            field, mode, key, _ = MOVED_FIELDS[old]
+            hint += f"; {old} moved to {field}_options.{key} (an option of {field} {mode!r})"
+        elif old in OLD_SCREEN_SWITCHES:
+            hint += f"; {old} is screen: {OLD_SCREEN_SWITCHES[old]!r} now"
     for nested in sorted({len(e["loc"]) == 2 and e["loc"][0] == "filter" for e in errors if e.get("type") == "extra_forbidden"}):
         fields = sorted((FilterConfig if nested else ResamplingPolicy).model_fields)
         hint += f"; valid {'filter.' if nested else ''}fields: {', '.join(fields)}"
     return hint
 
 
-MOVED_TO_SELECTION_OPTIONS = {"selection_explore": "explore", "selection_sharpness": "sharpness",
-                              "selection_revisit_epochs": "revisit_epochs"}
-"""Old top-level policy fields -> the ``selection_options`` key of ``informative`` they are now."""
-OLD_DEFAULTS = {"selection_explore": 0.01, "selection_sharpness": 4.0, "selection_revisit_epochs": 8}
-"""Their defaults when they were policy fields (a dump of an old policy carries them)."""
+MOVED_FIELDS: dict[str, tuple[str, str, str, Any]] = {
+    "selection_explore": ("selection", "informative", "explore", 0.01),
+    "selection_sharpness": ("selection", "informative", "sharpness", 4.0),
+    "selection_revisit_epochs": ("selection", "informative", "revisit_epochs", 8),
+    "screen_skip_above": ("screen", "rollouts", "skip_above", 1.0),
+    "screen_continue_above": ("screen", "rollouts", "continue_above", 1.0),
+    "answer_keep_at": ("screen", "answer", "keep_at", 0.5),
+    "answer_keep_power": ("screen", "answer", "keep_power", 4.0),
+    "answer_reuse_versions": ("screen", "answer", "reuse_versions", 8),
+    "answer_floor": ("screen", "answer", "floor", 0.0),
+}
+"""Old top-level policy fields that are a mode's options now: old name -> (mode field, mode,
+option, the old field's default)."""
+OLD_SCREEN_SWITCHES = {"screen_rollouts": "rollouts", "answer_screen": "answer"}
+"""Old fields that turned a screen on (``screen_rollouts: k > 0``, ``answer_screen: true``) -> the screen mode."""
 
 
 class Registered:
@@ -93,7 +106,7 @@ class Registered:
         return "one of " + ", ".join(map(repr, self.names()))
 
 
-MODE_FIELDS = ("selection", "group_validity", "stale_members", "replenish", "on_cap")
+MODE_FIELDS = ("selection", "screen", "group_validity", "stale_members", "replenish", "on_cap")
 """The policy fields that name a mode; each has a ``<field>_options`` field with the mode's options."""
 
 
@@ -244,53 +257,19 @@ class ResamplingPolicy(BaseModel):
         "easy_share; 'predicted_skip': keep_at, floor); an option the mode does not take is refused. Changing "
         "selection without giving selection_options starts the new mode at its defaults.",
     )
-    screen_rollouts: int = Field(
-        0, ge=0, le=4096,
-        description="Screening (SPEED-RL, arXiv 2506.09016): roll this many rollouts of each task first and "
-        "complete the group to group_size only when they are not all equal (an informative group is then "
-        "certain); 0 = no screen. Standalone route only (see docs/sampling.md).",
+    screen: Annotated[str, Registered("screen")] = Field(
+        "none",
+        description="What a planned round's tasks go through before their full group (a mode of "
+        "orchestrator.core.screens.SCREENS, its options in screen_options): 'none'; 'rollouts' (SPEED-RL, arXiv "
+        "2506.09016): roll screen_options.rollouts of each task first and complete the group only when they are "
+        "not all equal; 'answer': score each task's reference answer under the current policy (one forward pass, "
+        "nothing sampled; a rollout source that can score, vLLM) and roll the task out with probability "
+        "clip((I / keep_at) ** keep_power, floor, 1). Standalone route only (docs/sampling.md).",
     )
-    screen_skip_above: float = Field(
-        1.0, ge=0.0, le=1.0,
-        description="Screening: a task whose predicted chance of an informative group is at least this is rolled "
-        "out in full without a screen (its history says a screen would rarely stop it); 1 = screen every task.",
-    )
-    screen_continue_above: float = Field(
-        1.0, ge=0.0, le=1.0,
-        description="Screening: complete a screen whose rollouts are all correct (or all wrong) when the task's "
-        "pass-rate posterior, updated by the screen, gives the completed group at least this chance of being "
-        "informative; 1 = stop every such screen (SPEED-RL's rule).",
-    )
-    answer_screen: bool = Field(
-        False,
-        description="Answer screen: before a round's rollouts, score each task's reference answer under the current "
-        "policy (one forward pass per task, nothing sampled; the rollout source's answer_probability): p = chance "
-        "that one response is exactly the answer, I = 1 - p**n - (1-p)**n, and roll the task out with probability "
-        "clip((I / answer_keep_at) ** answer_keep_power, answer_floor, 1). Standalone route only, with a rollout "
-        "source that can score (vLLM); p is the pass rate only for short exact answers (docs/sampling.md).",
-    )
-    answer_keep_at: float = Field(
-        0.5, gt=0.0, le=1.0,
-        description="Answer screen: tasks whose group is at least this likely to be informative are always rolled out.",
-    )
-    answer_keep_power: float = Field(
-        4.0, gt=0.0, le=16.0,
-        description="Answer screen: how sharply the chance of a roll falls below answer_keep_at; 1 = in proportion to I "
-        "(predicted_skip's rule). 4 (a soft threshold: p = 0.95 of n = 8 is "
-        "rolled with chance 0.21, p = 0.97 with 0.035) was chosen on seeds 30-39 of the comparison, not on its "
-        "evaluation seeds (docs/sampling.md).",
-    )
-    answer_reuse_versions: int = Field(
-        8, ge=0,
-        description="Answer screen: a task whose last score, at most this many model versions old, gave it less than "
-        "a 1 % chance of a roll is decided from that score again instead of being scored (its p moves little while "
-        "settled; late in a run most tasks are, and each batch would otherwise score hundreds). 0 = score every time.",
-    )
-    answer_floor: float = Field(
-        0.0, ge=0.0, le=1.0,
-        description="Answer screen: the least chance a scored task is rolled out. 0: p is the pass rate for exact "
-        "answers; with a scorer that accepts other forms p is only a lower bound, and a floor (e.g. 0.05) keeps "
-        "trying the tasks scored as never solved.",
+    screen_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the active screen, checked against its typed options model ('rollouts': rollouts, "
+        "skip_above, continue_above; 'answer': keep_at, keep_power, reuse_versions, floor).",
     )
     passrate_half_life: float | None = Field(
         16.0, gt=0.0,
@@ -306,24 +285,46 @@ class ResamplingPolicy(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _moved_fields(cls, data: object) -> object:
-        """Old configs keep loading: the top-level ``selection_explore``, ``selection_sharpness`` and
-        ``selection_revisit_epochs`` are options of ``informative`` now, moved into
-        ``selection_options`` (over a value there) when the selection is ``informative``, dropped
-        when they hold the old default (a dump of an old policy carries them), refused otherwise."""
-        if not isinstance(data, dict) or not MOVED_TO_SELECTION_OPTIONS.keys() & data.keys():
+        """Old configs keep loading. ``screen_rollouts: k`` (k > 0) is ``screen: rollouts`` with
+        ``screen_options.rollouts: k``, ``answer_screen: true`` is ``screen: answer`` (0 / false
+        turn the screen named off); an old option field (:data:`MOVED_FIELDS`) moves into its mode's
+        ``<field>_options`` (over a value there) when its mode is active, is dropped at its old
+        default (a dump of an old policy carries them all), and is refused otherwise, saying what
+        to write."""
+        if not isinstance(data, dict) or not (MOVED_FIELDS.keys() | OLD_SCREEN_SWITCHES.keys()) & data.keys():
             return data
-        data, options = dict(data), dict(data.get("selection_options") or {})
-        for old, new in MOVED_TO_SELECTION_OPTIONS.items():
+        data = dict(data)
+        on = []
+        for old, mode in OLD_SCREEN_SWITCHES.items():
             if old not in data:
                 continue
             value = data.pop(old)
-            if data.get("selection") == "informative":
-                options[new] = value
-            elif value != OLD_DEFAULTS[old]:
-                raise ValueError(f"{old}: moved to selection_options.{new}, an option of selection 'informative' (selection "
-                                 f"is {data.get('selection', 'epoch')!r}); write selection: informative, selection_options: "
-                                 f"{{{new}: {value!r}}}")
-        return {**data, "selection_options": options}
+            if value:
+                on.append((old, mode, {"rollouts": value} if mode == "rollouts" else {}))
+            elif data.get("screen") == mode:  # a change turning it off
+                data["screen"], data["screen_options"] = "none", {}
+        if len(on) > 1:
+            raise ValueError("screen_rollouts and answer_screen: one screen at a time; write screen: rollouts (with "
+                             "screen_options: {rollouts: k}) or screen: answer")
+        if on:
+            old, mode, options = on[0]
+            if data.get("screen", mode) not in (mode, "none"):
+                raise ValueError(f"{old}: turns on screen {mode!r}, but screen is {data['screen']!r}; write screen: {mode}")
+            if data.get("screen") != mode:
+                data["screen_options"] = {}
+            data["screen"] = mode
+            data["screen_options"] = {**(data.get("screen_options") or {}), **options}
+        for old, (field, mode, key, default) in MOVED_FIELDS.items():
+            if old not in data:
+                continue
+            value = data.pop(old)
+            active = data.get(field, cls.model_fields[field].default)
+            if active == mode:
+                data[f"{field}_options"] = {**(data.get(f"{field}_options") or {}), key: value}
+            elif value != default:
+                raise ValueError(f"{old}: moved to {field}_options.{key}, an option of {field} {mode!r} ({field} is "
+                                 f"{active!r}); write {field}: {mode}, {field}_options: {{{key}: {value!r}}}")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -355,9 +356,9 @@ class ResamplingPolicy(BaseModel):
             )
         for field in MODE_FIELDS:
             self.mode_options(field)  # refuses an option the mode does not take, naming it
-        if self.screen_rollouts and not 1 <= self.screen_rollouts < self.group_size:
-            raise ValueError(f"screen_rollouts ({self.screen_rollouts}) must be < group_size ({self.group_size}) "
-                             "(a screen rolls part of a group; 0 turns screening off)")
+        if self.screen == "rollouts" and not self.mode_options("screen").rollouts < self.group_size:
+            raise ValueError(f"screen_options.rollouts ({self.mode_options('screen').rollouts}) must be < group_size "
+                             f"({self.group_size}) (a screen rolls part of a group; screen: none turns screening off)")
         if self.max_rollouts is not None and self.max_rollouts < self.group_size:
             raise ValueError(f"max_rollouts ({self.max_rollouts}) must be >= group_size ({self.group_size})")
         return self

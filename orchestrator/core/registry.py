@@ -41,8 +41,13 @@ class Mode:
     name: ClassVar[str] = "base"
     Options: ClassVar[type[ModeOptions]] = ModeOptions
 
-    def __init__(self, options: ModeOptions | None = None) -> None:
-        self.options = self.Options() if options is None else options
+    def __init__(self, options: ModeOptions | Mapping[str, Any] | None = None) -> None:
+        """``options``: an instance of :attr:`Options`, or a mapping validated into one (None: the defaults).
+
+        Raises:
+            pydantic.ValidationError: an option the mode does not take, or out of its range.
+        """
+        self.options = options if isinstance(options, self.Options) else self.Options.model_validate(dict(options or {}))
 
 
 M = TypeVar("M", bound=Mode)

@@ -31,7 +31,7 @@ from orchestrator.core.tasks import TaskColumns
 from orchestrator.core.types import Purpose
 
 SETTLED_KEEP = 0.01
-"""A score whose keep probability is below this is settled: reusable for ``answer_reuse_versions``."""
+"""A score whose keep probability is below this is settled: reusable for the answer screen's ``reuse_versions``."""
 
 OPEN_ROUNDS_KEPT = 64
 """Planned rounds whose groups are still awaited, kept for the predicted-vs-realised keep rate."""
@@ -59,7 +59,7 @@ class ScreenPlan:
     """How a round's tasks are screened (:meth:`Rounds.screen_plan`), each (k,) bool over its tasks.
 
     Attributes:
-        screen: roll ``policy.screen_rollouts`` first, complete the group only when they differ.
+        screen: roll the screen's ``rollouts`` first, complete the group only when they differ.
         go_if_correct: complete the screen all the same when its rollouts all come out correct.
         go_if_wrong: the same when they all come out wrong.
     """
@@ -260,7 +260,7 @@ class Rounds:
         """
         if self.missing_groups() == 0 or self.batch.rounds_started == 0:
             return False
-        if (self.run.policy.screen_rollouts or self.run.policy.answer_screen) and not self.batch.carry and not self.batch.candidates:
+        if self.run.policy.screen != "none" and not self.batch.carry and not self.batch.candidates:
             return False  # every task so far was a stopped screen or skipped: nothing to release yet (no empty batch)
         return self.run.policy.mode("replenish").capped(self.batch.rounds_started, self.run.policy.max_replenish_rounds)
 
@@ -303,23 +303,25 @@ class Rounds:
         """Which of a round's tasks to screen first, and which unanimous screens to complete, from
         one posterior (:mod:`orchestrator.rollout.screening`).
 
-        A task is screened when ``policy.screen_rollouts > 0`` and its predicted chance of an
-        informative group is below ``policy.screen_skip_above``. Its screen is completed when its
+        A task is screened when ``policy.screen`` is ``rollouts`` and its predicted chance of an
+        informative group is below the screen's ``skip_above``. Its screen is completed when its
         rollouts all come out correct (all wrong) and the chance that the completed group is
         informative, from the task's posterior
         (:func:`~orchestrator.core.passrate.informative_after_unanimous_screen`), is at least
-        ``policy.screen_continue_above``: never at its default 1 (SPEED-RL's rule)."""
+        ``continue_above``: never at its default 1 (SPEED-RL's rule)
+        (:class:`~orchestrator.core.screens.RolloutScreenOptions`)."""
         p = self.run.policy
         none = np.zeros(len(task_ids), dtype=bool)
-        if not p.screen_rollouts or not task_ids:
+        if p.screen != "rollouts" or not task_ids:
             return ScreenPlan(none, none.copy(), none.copy())
+        o = p.mode_options("screen")
         idx = np.array([self.tasks.index[t] for t in task_ids], dtype=np.int64)
         alpha, beta = (x[idx] for x in self.tasks.passrate.posterior(self.run.model_version, p.group_size))
-        screen = informativeness(alpha, beta, p.group_size) < p.screen_skip_above
-        if p.screen_continue_above >= 1.0:
+        screen = informativeness(alpha, beta, p.group_size) < o.skip_above
+        if o.continue_above >= 1.0:
             return ScreenPlan(screen, none, none.copy())
-        after_correct, after_wrong = informative_after_unanimous_screen(alpha, beta, p.group_size, p.screen_rollouts)
-        return ScreenPlan(screen, after_correct >= p.screen_continue_above, after_wrong >= p.screen_continue_above)
+        after_correct, after_wrong = informative_after_unanimous_screen(alpha, beta, p.group_size, o.rollouts)
+        return ScreenPlan(screen, after_correct >= o.continue_above, after_wrong >= o.continue_above)
 
     def record_screens(self, screened: int, task_ids: list[str], correct: np.ndarray, trials: np.ndarray) -> None:
         """Count a round's screens and take the evidence of those that stopped (all rollouts equal,
@@ -342,9 +344,9 @@ class Rounds:
 
     def answer_reused(self, task_ids: list[str]) -> np.ndarray:
         """The last answer probability of each task whose score can be reused instead of scoring it
-        again (``policy.answer_reuse_versions``), NaN for the others.
+        again (the answer screen's ``reuse_versions``), NaN for the others.
 
-        Reusable: scored at most ``answer_reuse_versions`` model versions ago, with a keep
+        Reusable: scored at most ``reuse_versions`` model versions ago, with a keep
         probability then below :data:`SETTLED_KEEP` (nearly sure to be skipped: p near 0 or 1).
         Such a task's p moves little between versions, and late in a run most tasks are settled,
         so without reuse each batch scores hundreds of tasks to find a few to roll (measured on
@@ -360,27 +362,28 @@ class Rounds:
         """
         idx = np.array([self.tasks.task_index(t) for t in task_ids], dtype=np.int64)
         pol = self.run.policy
+        o = pol.mode_options("screen")  # the answer screen's (AnswerScreenOptions)
         out = np.full(len(idx), np.nan)
-        if not pol.answer_reuse_versions or not len(idx):
+        if not o.reuse_versions or not len(idx):
             return out
         p, version = self.tasks.history.answer_prob[idx], self.tasks.history.answer_prob_version[idx]  # version -1: never scored
-        keep = keep_probability(plugin_informativeness(p, pol.group_size), pol.answer_keep_at, pol.answer_floor, pol.answer_keep_power)
-        ok = (version >= 0) & (self.run.model_version - version <= pol.answer_reuse_versions) & (keep < SETTLED_KEEP)
+        keep = keep_probability(plugin_informativeness(p, pol.group_size), o.keep_at, o.floor, o.keep_power)
+        ok = (version >= 0) & (self.run.model_version - version <= o.reuse_versions) & (keep < SETTLED_KEEP)
         out[ok] = p[ok]
         return out
 
     def answer_screen(self, task_ids: list[str], answer_prob: np.ndarray, round_tag: str,
                       fresh: np.ndarray | None = None) -> np.ndarray:
         """Which of a planned round's tasks to roll out, from their answer probabilities
-        (``policy.answer_screen``; the rollout source's ``answer_probability``, taken under the
+        (``policy.screen: answer``, :class:`~orchestrator.core.screens.AnswerScreenOptions`; the rollout source's ``answer_probability``, taken under the
         current weights just before).
 
-        A task is rolled out with probability ``clip((I / answer_keep_at) ** answer_keep_power,
-        answer_floor, 1)``, ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with
+        A task is rolled out with probability ``clip((I / keep_at) ** keep_power,
+        floor, 1)``, ``I = 1 - p**n - (1-p)**n`` the chance that a group of n rollouts with
         pass rate p is informative (DAPO Eq. 11's event under a binomial,
         :func:`~orchestrator.core.passrate.plugin_informativeness`;
         :func:`orchestrator.core.passrate.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
-        the default 4 is close to a threshold at ``answer_keep_at``: with p exact, a roll's worth is
+        the default 4 is close to a threshold at ``keep_at``: with p exact, a roll's worth is
         its chance ``I`` of an informative group against the same n rollouts for every task, so
         the cheapest rule rolls the tasks of highest ``I`` (docs/sampling.md, "Answer screen").
         The draw is counter-based (``default_rng([seed, 5, crc32(round_tag)])``), so a replayed
@@ -408,9 +411,9 @@ class Rounds:
         bad = np.flatnonzero(~(np.isfinite(p) & (p >= 0.0) & (p <= 1.0)))
         if len(bad):
             raise ValueError(f"answer_prob: task {task_ids[bad[0]]!r} has {p[bad[0]]!r}, expected a probability in [0, 1]")
-        pol = self.run.policy
+        pol, o = self.run.policy, self.run.policy.mode_options("screen")
         informative = plugin_informativeness(p, pol.group_size)
-        keep_p = keep_probability(informative, pol.answer_keep_at, pol.answer_floor, pol.answer_keep_power)
+        keep_p = keep_probability(informative, o.keep_at, o.floor, o.keep_power)
         u = np.random.default_rng([self.tasks.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p
         fresh = np.ones(len(p), dtype=bool) if fresh is None else np.asarray(fresh, dtype=bool)

@@ -6,15 +6,18 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 =======================  ===================================================================
 ``epoch``                drop and carry over, epoch order (what Trinity's ``dapo_dynamic_sampling`` does)
 ``informative``          tasks drawn by their predicted chance of an informative group
-``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL)
 ``predicted_skip``       epoch order, tasks skipped by their predicted chance (:mod:`orchestrator.core.skip`)
 ``greso_prior``          ours combined: GRESO's streak skip for tasks rolled out before, the prior's skip for the rest
-``answer_screen``        epoch order, tasks skipped by the policy's own chance of the exact answer (one forward pass each)
+``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL; ``screen: rollouts``)
+``answer_screen``        epoch order, tasks skipped by the policy's own chance of the exact answer (one forward pass each; ``screen: answer``)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
 ``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
 ``grpo``                 no filter: every rolled group trains
 =======================  ===================================================================
+
+The arms are derived from the mode registries (:mod:`orchestrator.jobs.sampling_arms`): every
+registered selection and screen is one, at its defaults.
 
 ``informative_screen``, ``skip_screen`` and ``informative_grpo`` (screens and the unfiltered
 ``informative`` draws combined) were arms of the comparisons up to the eleventh session, the three
@@ -42,8 +45,10 @@ import numpy as np
 
 from algos.dapo import classify_groups
 from orchestrator.core.passrate import keep_probability, plugin_informativeness
+from orchestrator.core.screens import AnswerScreenOptions
 from orchestrator.jobs.dapo_train import DapoTrainConfig, run_dapo_training
 from orchestrator.jobs.results import write_json
+from orchestrator.jobs.sampling_arms import ARMS, OURS, REFERENCES, SCREEN_K  # noqa: F401  (the comparison's arms, re-exported)
 
 FAMILIES = {"copy3": 1, "max2": 2, "add3": 1}
 """The task mix: a quarter ``copy3`` (copy a 3-digit number: mostly solved after the warm start),
@@ -89,25 +94,6 @@ EVAL_AT = [*range(256, 4097, 256), *range(5120, 12_001, 1024)]
 """Held-out evaluations: after the first batch at or past each of these rollout counts, for every
 arm (one grid in rollouts, whatever a batch costs an arm): every 256 rollouts up to 4,096, where
 every pilot run crossed the target, then every 1,024; and at the end of the budget."""
-SCREEN_K = 2
-"""Rollouts of a screen (of ``group_size`` 8)."""
-
-ARMS: dict[str, dict] = {
-    "epoch": {},
-    "informative": {"policy": {"selection": "informative"}},
-    "screening": {"policy": {"screen_rollouts": SCREEN_K}},
-    "predicted_skip": {"policy": {"selection": "predicted_skip"}},
-    "greso_prior": {"policy": {"selection": "greso_prior"}},
-    "answer_screen": {"policy": {"answer_screen": True}},
-    "greso": {"policy": {"selection": "greso"}},
-    "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
-    "dapo_recipe": {"reference_loop": "dapo_recipe"},
-    "grpo": {"dynamic_sampling": False},
-}
-OURS = ("informative", "screening", "predicted_skip", "greso_prior", "answer_screen")
-REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
-
-
 def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
     """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at :data:`EVAL_AT` rollouts."""
     cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", families=FAMILIES, train_size=TRAIN_SIZE,
@@ -128,7 +114,7 @@ def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> Dap
 
 
 def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SCREEN_K,
-               answer_prob: np.ndarray | None = None, answer_keep: tuple[float, float, float] = (0.5, 0.0, 4.0)) -> dict:
+               answer_prob: np.ndarray | None = None, answer: AnswerScreenOptions | None = None) -> dict:
     """Rollouts per informative group that ways of choosing tasks spend on one policy, from 2n
     judged rollouts of every task: the first n are what an earlier pass saw of the task (its
     history), the last n the group a rule rolls (its first k the screen). No model of pass rates
@@ -145,8 +131,7 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
       skip that remembers one earlier group per task (a second pass) can do at best;
     * ``answer_screen`` (with ``answer_prob``): each task rolled in full with the answer screen's
       chance ``clip((I / keep_at) ** power, floor, 1)``, ``I = 1 - p**n - (1-p)**n`` of its answer
-      probability p (``answer_keep = (keep_at, floor, power)``, the policy's ``answer_keep_at``,
-      ``answer_floor`` and ``answer_keep_power``;
+      probability p (``answer``: the answer screen's options, its defaults when None;
       :meth:`orchestrator.core.rounds.Rounds.answer_screen`): expected
       cost ``sum(keep) n`` over expected informative groups ``sum(keep * informative)``; the
       scoring's forward passes are not counted.
@@ -177,7 +162,8 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
         "history_skip": (np.where(was, n, 0), full & was),
     }
     if answer_prob is not None:
-        keep = keep_probability(plugin_informativeness(answer_prob, n), *answer_keep)
+        answer = answer or AnswerScreenOptions()
+        keep = keep_probability(plugin_informativeness(answer_prob, n), answer.keep_at, answer.floor, answer.keep_power)
         rules["answer_screen"] = (keep * n, keep * full)
     per = {r: float(c.sum() / (y.sum() if y.sum() > 0 else 1)) for r, (c, y) in rules.items()}
     return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}
@@ -222,9 +208,7 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
         row["answer_prob_corr"] = float(np.corrcoef(answer, rate)[0, 1]) if rate.std() > 0 and answer.std() > 0 else None
         if name == "train" and samples == 2 * cfg.policy.group_size:
             outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
-            row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer,
-                                           answer_keep=(cfg.policy.answer_keep_at, cfg.policy.answer_floor,
-                                                        cfg.policy.answer_keep_power))
+            row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer)
         out[name] = row
     if own:
         ray.kill(engine)

@@ -8,7 +8,7 @@ informative for certain. A screen whose values are all equal stops: its ``k`` ro
 spent and never trained on (counted as ``rollouts_screen_stopped``). SPEED-RL screens with a
 pass-rate band on the screening rollouts; with a 0/1 judge and small ``k`` "not all equal" is
 that band's tightest form. Tasks whose predicted chance of an informative group is at least
-``policy.screen_skip_above`` are rolled out in full without a screen (the task's history says a
+``screen_options.skip_above`` are rolled out in full without a screen (the task's history says a
 screen would rarely stop it). Emitted groups always have exactly ``n`` rollouts: the screen's
 ``k`` (runs ``0..k-1``) then ``n - k`` more (runs ``k..n-1``), all under the round's tag.
 
@@ -30,7 +30,7 @@ its group. The filter keeps a group when ``0 < S < n``; a screen keeps it when `
   advantages); the weight of the screened members is.
 
 Through Trinity a workflow rolls all ``repeat_times`` rollouts of a task at once, so the
-orchestrator cannot stop a group after k: ``screen_rollouts > 0`` is refused on that route
+orchestrator cannot stop a group after k: ``screen: rollouts`` is refused on that route
 (:func:`check_route`).
 """
 
@@ -49,16 +49,16 @@ class ScreeningUnsupportedError(ValueError):
     """Screening was asked for on a route that rolls a whole group at once."""
 
 
-def check_route(screen_rollouts: int, route: str) -> None:
-    """Refuse ``screen_rollouts > 0`` on a route that rolls whole groups (``route="trinity"``).
+def check_route(screen: str, route: str) -> None:
+    """Refuse the policy's ``screen: rollouts`` on a route that rolls whole groups (``route="trinity"``).
 
     Raises:
         ScreeningUnsupportedError: names the field, its value and why.
     """
-    if screen_rollouts and route == "trinity":
+    if screen == "rollouts" and route == "trinity":
         raise ScreeningUnsupportedError(
-            f"screen_rollouts: {screen_rollouts} is not possible through Trinity: its workflow rolls all repeat_times "
-            "rollouts of a task in one call, so a group cannot be stopped after a screen; set screen_rollouts: 0 "
+            "screen: 'rollouts' is not possible through Trinity: its workflow rolls all repeat_times "
+            "rollouts of a task in one call, so a group cannot be stopped after a screen; set screen: none "
             "(the orchestrator's selection still skips tasks predicted uninformative before they are rolled)")
 
 

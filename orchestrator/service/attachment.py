@@ -24,7 +24,7 @@ log = logging.getLogger("trinity_dso.actor")
 
 def check_source(policy: ResamplingPolicy, rollout_source: Any) -> None:
     """Refuse, at config time, a policy the rollout source cannot serve: a ``filter.judge``
-    metric it does not produce, or ``answer_screen`` with a source that cannot score answers.
+    metric it does not produce, or the answer screen with a source that cannot score answers.
 
     A source declares the metrics it writes in ``metric_names`` (a tuple); sources that do not
     declare it, and ``judge`` values ``reward`` / ``auto``, are not checked. A source scores
@@ -40,9 +40,9 @@ def check_source(policy: ResamplingPolicy, rollout_source: Any) -> None:
             f"invalid resampling policy: filter.judge: {type(rollout_source).__name__} produces metrics "
             f"{sorted(names)}, not {judge!r} (use one of them, 'reward' or 'auto')"
         )
-    if policy.answer_screen and rollout_source is not None and not hasattr(rollout_source, "answer_probability"):
+    if policy.screen == "answer" and rollout_source is not None and not hasattr(rollout_source, "answer_probability"):
         raise InvalidPolicyError(
-            f"invalid resampling policy: answer_screen: true needs a rollout source that scores answers "
+            f"invalid resampling policy: screen: 'answer' needs a rollout source that scores answers "
             f"(answer_probability, e.g. the vLLM source); {type(rollout_source).__name__} cannot"
         )
 
@@ -131,12 +131,12 @@ class Attachment:
             )
         new = ResamplingPolicy.parse(changes) if replace else self.core.policy.updated(changes)
         check_source(new, self.rollout_source)
-        if new.screen_rollouts and self.rollout_source is None:  # an attached explorer rolls whole groups
-            raise InvalidPolicyError(f"screen_rollouts: {new.screen_rollouts} needs the orchestrator's own rollout source; "
+        if new.screen == "rollouts" and self.rollout_source is None:  # an attached explorer rolls whole groups
+            raise InvalidPolicyError("screen: 'rollouts' needs the orchestrator's own rollout source; "
                                      "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
                                      "group (docs/sampling.md); the policy is unchanged")
-        if new.answer_screen and self.rollout_source is None:
-            raise InvalidPolicyError("answer_screen: true needs the orchestrator's own rollout source (it scores answers "
+        if new.screen == "answer" and self.rollout_source is None:
+            raise InvalidPolicyError("screen: 'answer' needs the orchestrator's own rollout source (it scores answers "
                                      "before rolling them out); an attached explorer (Trinity) rolls the tasks it is handed "
                                      "(docs/sampling.md); the policy is unchanged")
         pinned = self.info.get("pinned") or {}

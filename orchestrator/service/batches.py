@@ -149,7 +149,7 @@ class BatchHandOut:
                     self.ready.start_clock()
                     plan = self.core.plan_round()
                     version = self.core.model_version
-                    answer_screen = self.core.policy.answer_screen
+                    answer_screen = self.core.policy.screen == "answer"
                     # with the answer screen, the screen plan is made for the tasks it keeps
                     screening = None if answer_screen else self.core.screen_plan(plan.task_ids)
                 if out is not None:
@@ -180,7 +180,7 @@ class BatchHandOut:
             await self.commits.durable(mine)
 
     async def _answer_screen(self, tasks: list, tag: str) -> tuple[list, ScreenPlan]:
-        """The answer screen of a planned round (``policy.answer_screen``): score the tasks' answers
+        """The answer screen of a planned round (``policy.screen: answer``): score the tasks' answers
         (off the lock; a recent settled score is reused instead, :meth:`~orchestrator.core.rounds.Rounds.answer_reused`),
         keep what :meth:`~orchestrator.core.rounds.Rounds.answer_screen` keeps, and top the round
         up (:meth:`~orchestrator.core.rounds.Rounds.answer_top_up`) until the kept tasks are

@@ -81,7 +81,7 @@ class Submission:
         if not screening.screen.any():
             return self.rollout_source.generate(tasks, p.group_size, model_version=version, round_tag=round_tag), None
         f = p.filter
-        res = screened_generate(self.rollout_source, tasks, p.group_size, p.screen_rollouts, screening.screen, judge=f.judge,
+        res = screened_generate(self.rollout_source, tasks, p.group_size, p.mode_options("screen").rollouts, screening.screen, judge=f.judge,
                                 correct_threshold=f.correct_threshold, model_version=version, round_tag=round_tag,
                                 go_if_correct=screening.go_if_correct, go_if_wrong=screening.go_if_wrong,
                                 std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)

@@ -95,11 +95,11 @@ class AttachConfig(BaseModel):
         from orchestrator.rollout.screening import ScreeningUnsupportedError, check_route
 
         policy = ResamplingPolicy.parse({**self.policy, **self.pinned})
-        check_route(policy.screen_rollouts, "trinity")
-        if policy.answer_screen:
+        check_route(policy.screen, "trinity")
+        if policy.screen == "answer":
             raise ScreeningUnsupportedError(
-                "answer_screen: true is not possible through Trinity: the orchestrator hands tasks to Trinity's explorer "
-                "and does not hold its engine, so it cannot score answers before they are rolled out; set answer_screen: false")
+                "screen: 'answer' is not possible through Trinity: the orchestrator hands tasks to Trinity's explorer "
+                "and does not hold its engine, so it cannot score answers before they are rolled out; set screen: none")
         return policy
 
 

@@ -23,8 +23,8 @@ def misplaced(field: str, name: str) -> list[str]:
 
 
 def test_the_mode_fields_are_the_registries():
-    assert set(MODE_FIELDS) == set(MODES) == {"selection", "group_validity", "stale_members", "replenish", "on_cap"}
-    assert len(EVERY_MODE) == 15
+    assert set(MODE_FIELDS) == set(MODES) == {"selection", "screen", "group_validity", "stale_members", "replenish", "on_cap"}
+    assert len(EVERY_MODE) == 18
 
 
 @pytest.mark.parametrize(("field", "name"), EVERY_MODE)
@@ -34,6 +34,13 @@ def test_a_mode_has_a_typed_options_model_refusing_unknown_keys(field, name):
     cls()  # every option has a default
     with pytest.raises(ValidationError, match="no_such_option"):
         cls(no_such_option=1)
+
+
+@pytest.mark.parametrize(("field", "name"), EVERY_MODE)
+def test_a_mode_built_directly_refuses_an_unknown_option(field, name):
+    cls = MODES[field][name]
+    with pytest.raises(ValidationError, match="no_such_option"):
+        cls(4, 0, {"no_such_option": 1}) if field == "selection" else cls({"no_such_option": 1})
 
 
 @pytest.mark.parametrize(("field", "name"), EVERY_MODE)
@@ -98,6 +105,40 @@ def test_an_old_informative_field_under_another_selection_is_refused_saying_what
                                                  r"selection 'informative' \(selection is 'greso'\); write selection: "
                                                  r"informative, selection_options: \{explore: 0.3\}"):
         ResamplingPolicy.parse({"selection": "greso", "selection_explore": 0.3})
+
+
+def test_old_screen_fields_keep_loading_as_the_screen_mode():
+    p = ResamplingPolicy.parse({"group_size": 8, "screen_rollouts": 3, "screen_skip_above": 0.9})
+    assert (p.screen, p.screen_options) == ("rollouts", {"rollouts": 3, "skip_above": 0.9})
+    p = ResamplingPolicy.parse({"answer_screen": True, "answer_keep_at": 0.8, "answer_floor": 0.0})
+    assert (p.screen, p.screen_options) == ("answer", {"keep_at": 0.8, "floor": 0.0})
+    assert p.mode_options("screen").keep_power == 4.0
+    # an old dump: both switches off, every option at its old default
+    old = {"screen_rollouts": 0, "screen_skip_above": 1.0, "screen_continue_above": 1.0, "answer_screen": False,
+           "answer_keep_at": 0.5, "answer_keep_power": 4.0, "answer_reuse_versions": 8, "answer_floor": 0.0}
+    assert ResamplingPolicy.parse(old).screen == "none"
+
+
+def test_an_old_switch_turns_the_screen_off_on_a_run_time_change():
+    p = ResamplingPolicy(screen="answer", screen_options={"keep_at": 0.8})
+    q = p.updated({"answer_screen": False})
+    assert (q.screen, q.screen_options) == ("none", {})
+
+
+def test_both_old_screens_at_once_are_refused_saying_what_to_write():
+    with pytest.raises(InvalidPolicyError, match="screen_rollouts and answer_screen: one screen at a time; write screen: rollouts"):
+        ResamplingPolicy.parse({"group_size": 8, "screen_rollouts": 2, "answer_screen": True})
+
+
+def test_an_old_answer_option_without_the_answer_screen_is_refused_saying_what_to_write():
+    with pytest.raises(InvalidPolicyError, match=r"answer_keep_at: moved to screen_options.keep_at, an option of screen "
+                                                 r"'answer' \(screen is 'none'\); write screen: answer, screen_options: \{keep_at: 0.8\}"):
+        ResamplingPolicy.parse({"answer_keep_at": 0.8})
+
+
+def test_a_screen_as_long_as_the_group_is_refused():
+    with pytest.raises(InvalidPolicyError, match=r"screen_options.rollouts \(8\) must be < group_size \(8\)"):
+        ResamplingPolicy.parse({"group_size": 8, "screen": "rollouts", "screen_options": {"rollouts": 8}})
 
 
 def test_the_json_schema_lists_every_registered_name():

@@ -59,7 +59,7 @@ def test_each_registry_holds_its_built_in_modes():
     assert set(STALE_MEMBERS) == {"oldest", "mask"}
     assert set(REPLENISH) == {"fresh_tasks", "same_tasks", "none"}
     assert set(ON_CAP) == {"pad", "partial", "raise"}
-    assert set(MODES) == {"selection", "group_validity", "stale_members", "replenish", "on_cap"}
+    assert set(MODES) == {"selection", "screen", "group_validity", "stale_members", "replenish", "on_cap"}
 
 
 @pytest.mark.parametrize("field, expected", [

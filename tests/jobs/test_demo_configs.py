@@ -45,7 +45,7 @@ def test_the_answer_screen_config_differs_from_epoch_only_in_the_screen_and_outp
 
     screen = load_yaml_model(EXAMPLES / "train_answer_screen.yaml", DapoTrainConfig)
     epoch = load_yaml_model(EXAMPLES / "train_epoch.yaml", DapoTrainConfig)
-    assert screen.policy.answer_screen and not epoch.policy.answer_screen
-    assert screen.policy.model_copy(update={"answer_screen": False}) == epoch.policy
+    assert (screen.policy.screen, epoch.policy.screen) == ("answer", "none")
+    assert screen.policy.model_copy(update={"screen": "none"}) == epoch.policy
     assert screen.rollout_budget == epoch.rollout_budget and screen.out_dir != epoch.out_dir
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from orchestrator.core.screens import AnswerScreenOptions
 from orchestrator.jobs.reference_loops import DapoRecipeLoop, TrinityDifficultyLoop
 from orchestrator.jobs.sampling_compare import (
     ARMS,
@@ -73,7 +74,20 @@ def test_every_arm_builds_a_valid_config(tmp_path):
     for arm in ARMS:
         cfg = arm_config(arm, 1, tmp_path)
         assert cfg.seed == 1 and cfg.task == "mix"
-    assert arm_config("screening", 0, tmp_path).policy.screen_rollouts == 2 and arm_config("answer_screen", 0, tmp_path).policy.answer_screen
+    screening = arm_config("screening", 0, tmp_path).policy
+    assert (screening.screen, screening.mode_options("screen").rollouts) == ("rollouts", 2)
+    assert arm_config("answer_screen", 0, tmp_path).policy.screen == "answer"
+
+
+def test_the_arms_are_every_registered_selection_and_screen_and_the_reference_loops():
+    from orchestrator.core.modes import MODES
+
+    selections = {a: c["policy"]["selection"] for a, c in ARMS.items() if "selection" in c.get("policy", {})}
+    screens = {a: c["policy"]["screen"] for a, c in ARMS.items() if "screen" in c.get("policy", {})}
+    assert sorted(selections.values()) == sorted(set(MODES["selection"]) - {"epoch"}) and ARMS["epoch"] == {}
+    assert sorted(screens.values()) == sorted(set(MODES["screen"]) - {"none"})
+    assert list(ARMS) == ["epoch", "informative", "predicted_skip", "greso_prior", "screening", "answer_screen", "greso",
+                          "trinity_difficulty", "dapo_recipe", "grpo"]
 
 
 def test_the_cli_help_lists_every_arm_in_order():
@@ -299,9 +313,10 @@ def test_pass_costs_of_the_answer_screen_by_hand():
 
 
 def test_pass_costs_of_the_answer_screen_with_the_proportional_rule_by_hand():
-    # answer_keep (0.5, 0.05, 1): keep 0.05, 1, 0.6732 -> cost (0.05 + 1 + 0.6732) x 8 over 1 + 0.6732
+    # answer keep_at 0.5, floor 0.05, keep_power 1: keep 0.05, 1, 0.6732 -> cost (0.05 + 1 + 0.6732) x 8 over 1 + 0.6732
     mixed = [1, 0] * 8
     out = pass_costs(np.array([[1] * 16, mixed, mixed], dtype=bool), np.array(["f", "f", "f"]), n=8, k=2,
-                     answer_prob=np.array([1.0, 0.5, 0.95]), answer_keep=(0.5, 0.05, 1.0))
+                     answer_prob=np.array([1.0, 0.5, 0.95]),
+                     answer=AnswerScreenOptions(keep_at=0.5, floor=0.05, keep_power=1.0))
     keep2 = 0.673159
     assert out["answer_screen"]["rollouts_per_informative"] == pytest.approx((0.05 + 1 + keep2) * 8 / (1 + keep2), rel=1e-5)

@@ -102,7 +102,7 @@ def test_the_actor_rolls_only_the_tasks_the_screen_keeps():
 def test_a_source_that_cannot_score_is_refused_naming_the_field():
     from orchestrator.service.actor import Orchestrator
 
-    with pytest.raises(InvalidPolicyError, match="answer_screen: true needs a rollout source that scores answers"):
+    with pytest.raises(InvalidPolicyError, match="screen: 'answer' needs a rollout source that scores answers"):
         Orchestrator({"target_groups": 1, "group_size": 2, "answer_screen": True}, ScriptedTasks(["a"]),
                      ScriptedRolloutSource({"a": [[1.0, -1.0]]}))
 
@@ -112,13 +112,14 @@ def test_the_answer_screen_can_be_switched_on_by_a_policy_change():
 
     orch = Orchestrator({"target_groups": 1, "group_size": 8}, ScriptedTasks(["a"]), BernoulliRolloutSource({"a": 0.5}))
     asyncio.run(orch.set_policy({"answer_screen": True, "answer_keep_at": 0.8}))
-    assert orch.get_policy()["policy"]["answer_screen"] is True
+    policy = orch.get_policy()["policy"]
+    assert (policy["screen"], policy["screen_options"]) == ("answer", {"keep_at": 0.8})
 
 
 def test_a_trinity_run_config_asking_for_the_answer_screen_is_refused():
     from orchestrator.trinity.attach import AttachConfig
 
-    with pytest.raises(ScreeningUnsupportedError, match="answer_screen: true is not possible through Trinity"):
+    with pytest.raises(ScreeningUnsupportedError, match="screen: 'answer' is not possible through Trinity"):
         AttachConfig(policy={"group_size": 8, "answer_screen": True}).resampling_policy()
 
 

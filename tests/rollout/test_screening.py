@@ -24,15 +24,15 @@ def test_a_screen_continues_only_when_its_values_differ():
 
 
 def test_screen_rollouts_must_be_below_group_size():
-    with pytest.raises(InvalidPolicyError, match="screen_rollouts"):
+    with pytest.raises(InvalidPolicyError, match="screen_options.rollouts"):
         ResamplingPolicy.parse({"group_size": 4, "screen_rollouts": 4})
 
 
 def test_screening_is_refused_through_trinity():
-    with pytest.raises(ScreeningUnsupportedError, match="screen_rollouts: 2 .*Trinity"):
-        check_route(2, "trinity")
-    check_route(0, "trinity")
-    check_route(2, "standalone")
+    with pytest.raises(ScreeningUnsupportedError, match="screen: 'rollouts' .*Trinity"):
+        check_route("rollouts", "trinity")
+    check_route("none", "trinity")
+    check_route("rollouts", "standalone")
 
 
 def test_screened_round_emits_full_groups_and_stops_the_settled_ones():
@@ -116,7 +116,7 @@ def test_screening_bias_measured():
 def test_a_trinity_run_config_asking_for_screens_is_refused():
     from orchestrator.trinity.attach import AttachConfig
 
-    with pytest.raises(ScreeningUnsupportedError, match="screen_rollouts"):
+    with pytest.raises(ScreeningUnsupportedError, match="screen: 'rollouts'"):
         AttachConfig(policy={"group_size": 8, "screen_rollouts": 2}).resampling_policy()
 
 

@@ -100,8 +100,8 @@ def test_invalid_patch_is_422_naming_the_field_and_changes_nothing(orch, http):
 def test_an_answer_screen_the_source_cannot_serve_is_422_and_changes_nothing(orch, http):
     # the scripted source has no answer_probability: it cannot score answers
     before = http.get("/v1/policy").json()
-    r = http.patch("/v1/policy", json={"answer_screen": True}, headers=AUTH)
-    assert r.status_code == 422 and "answer_screen: true needs a rollout source that scores answers" in r.json()["message"]
+    r = http.patch("/v1/policy", json={"screen": "answer"}, headers=AUTH)
+    assert r.status_code == 422 and "screen: 'answer' needs a rollout source that scores answers" in r.json()["message"]
     assert http.get("/v1/policy").json() == before
 
 
@@ -169,9 +169,8 @@ def test_a_rejected_value_is_quoted_in_the_message(orch, http):
 
 def test_an_unknown_field_is_answered_with_the_valid_ones(orch, http):
     message = refused(http, "PATCH", {"target_grups": 8})
-    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: answer_floor, answer_keep_at, answer_keep_power, "
-                              "answer_reuse_versions, answer_screen, "
-                              "cooldown_epochs, filter, group_size, ")
+    assert message.startswith("target_grups: Extra inputs are not permitted; valid fields: cooldown_epochs, filter, group_size, "
+                              "group_validity, group_validity_options, ")
     assert "target_groups" in message
 
 
