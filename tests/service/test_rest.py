@@ -150,7 +150,7 @@ def test_a_put_leaving_a_field_out_is_422_naming_it_and_changes_nothing(orch, ht
 def test_a_patch_of_gets_whole_body_is_422_saying_to_send_its_policy_object(orch, http):
     assert refused(http, "PATCH", http.get("/v1/policy").json()).startswith(
         'send the "policy" object of GET /v1/policy, not its whole body. '
-        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: answer_floor, "
+        "revision: Extra inputs are not permitted; policy: Extra inputs are not permitted; valid fields: cooldown_epochs, "
     )
 
 
