@@ -555,7 +555,7 @@ def anchor_group_ids(task_ids: Any, state_hashes: Any) -> tuple[np.ndarray, np.n
             Bytes are taken as their hex form, so ``sha1(...).digest()`` and
             ``.hexdigest()`` fall in the same group. Anything else (a dict observation, a
             number) is refused, never ``str()``-ed: ``str`` of a dict depends on key order.
-            Hash structured observations with ``orchestrator.anchors.keys.state_hash``.
+            Hash structured observations with ``orchestrator.anchors.state_hash.state_hash``.
     Returns:
         ids: (S,) int64 in [0, K), ordered by sorted (task, hash).
         sizes: (S,) int64, size of each row's anchor group.
@@ -616,7 +616,7 @@ def _check_hashes(h: np.ndarray, tk: np.ndarray, runs: np.ndarray | None = None,
         i = bad[0]
         raise InvalidStepError(
             f"env_state_hash: expected str or bytes at row {i} ({where(i)}), got {type(h[i]).__name__} {_r(h[i])}; "
-            "hash structured observations with orchestrator.anchors.keys.state_hash (never str())"
+            "hash structured observations with orchestrator.anchors.state_hash.state_hash (never str())"
         )
 
 

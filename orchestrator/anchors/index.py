@@ -62,6 +62,7 @@ import numpy as np
 
 from algos.gigpo import consecutive_order, encode_keys, normalise_from_moments
 from algos.groups import Norm, first_rows, group_value_order
+from orchestrator.anchors.redis_layout import FIELD_SEP, RECORD_SEP
 
 _U64 = np.uint64
 
@@ -97,7 +98,7 @@ class AnchorStep:
     last: bool = False
 
 
-_SEPARATORS = re.compile("[\x1e\x1f]")
+_SEPARATORS = re.compile(f"[{RECORD_SEP}{FIELD_SEP}]")  # the separators of the Redis scripts' records
 
 
 def validate_steps(steps: Sequence[AnchorStep | dict]) -> list[AnchorStep]:

@@ -1,12 +1,12 @@
 """The anchor index's lifecycle, written once, and how workers open the index.
 
-:class:`AnchorLifecycle` is a mixin (plain Python, usable alone): created from an
+:class:`AnchorLifecycle` is plain Python, usable alone: created from an
 :class:`AnchorIndexConfig`, it creates the index, tracks the batch keys in use with the model
 version each was opened at, expires them by version, drops them (their anchor-group sizes go
 to the metrics), reports stats and saves its part of the checkpoint. The orchestrator actor
-(:class:`orchestrator.service.actor.Orchestrator`) inherits it, so Ray exposes its
-``anchor_spec``, ``anchor_register``, ``anchor_drop``, ``anchor_expire`` and ``anchor_stats``
-directly.
+(:class:`orchestrator.service.actor.Orchestrator`) holds one as its
+:class:`~orchestrator.service.anchor_watch.AnchorWatch` part, and Ray exposes its
+``anchor_spec``, ``anchor_register``, ``anchor_drop``, ``anchor_expire`` and ``anchor_stats``.
 
 Workers never write or query through the orchestrator: they open the index from
 ``anchor_spec()``, a :class:`~orchestrator.anchors.redis_index.RedisAnchorIndex` talking to

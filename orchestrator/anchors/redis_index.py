@@ -26,18 +26,25 @@ from orchestrator.anchors.index import (
     size_histogram,
     validate_steps,
 )
+from orchestrator.anchors.redis_layout import (
+    EVENT_DONE,
+    EVENT_TASK,
+    FENCE_FIELD,
+    FIELD_SEP,
+    RECORD_SEP,
+    RUN_STEPS_FIELD,
+    batch_keys,
+    group_field,
+    guard_key,
+    lua_prelude,
+    registry_key,
+)
 
-_FENCE_LUA = (Path(__file__).with_name("fence.lua")).read_text()
+_FENCE_LUA = lua_prelude() + (Path(__file__).with_name("fence.lua")).read_text()
 _INSERT_LUA = _FENCE_LUA + (Path(__file__).with_name("insert.lua")).read_text()
-"""The insert script, after the fence prelude (KEYS and ARGV documented in the files)."""
+"""The insert script, after the layout and fence preludes (ARGV documented in the files)."""
 _INSERT_RUNS_LUA = _FENCE_LUA + (Path(__file__).with_name("insert_runs.lua")).read_text()
-"""The whole-trajectory insert script, after the fence prelude (KEYS and ARGV documented in the files)."""
-FENCE_FIELD = "epoch"
-"""Field of a batch's meta hash that holds its fence token (see :mod:`orchestrator.anchors.index`).
-The stored name is the one earlier versions used, kept so that their batches stay readable."""
-
-
-_KINDS = ("meta", "steps", "groups", "runs", "done", "events")
+"""The whole-trajectory insert script, after the layout and fence preludes (ARGV documented in the files)."""
 
 
 def _redact(url: str) -> str:
@@ -89,18 +96,13 @@ def _subset(records: TrajectoryRecords, keep: np.ndarray) -> TrajectoryRecords:
     return trajectory_records(tk[rows], records.task_names, rn[rows], st[rows], sid[rows], records.state_names, ret[rows])
 
 
-def _field(task: str, *rest: Any) -> str:
-    # task prefixed by its UTF-8 byte length (as Lua's #task) so ids containing '|' cannot collide
-    return f"{len(task.encode())}:{task}|" + "|".join(str(x) for x in rest)
-
-
 class RedisAnchorIndex(AnchorIndex):
     """Anchor index in Redis (see the module docstring for keys, atomicity and failures).
 
     Args:
         url: ``redis://[:password@]host:port/db``.
-        prefix: key namespace, e.g. ``dso:<run name>``; keys are ``{prefix}:{<batch>}:<kind>``
-            plus the registry set ``{prefix}:batches``.
+        prefix: key namespace, e.g. ``dso:<run name>``; the keys under it are laid out in
+            :mod:`orchestrator.anchors.redis_layout`.
         ttl_s: keys expire this long after a batch's last write, > 0.
         chunk_size: steps per Lua call, in [1, 2000] (all chunks go in one pipelined round
             trip; each call is atomic and blocks the server for its duration, which grows
@@ -215,11 +217,11 @@ class RedisAnchorIndex(AnchorIndex):
             raise fail("PING failed", exc) from None
         return time.perf_counter() - t0
 
-    def _keys(self, batch_key: str) -> list[str]:
-        return [f"{self.prefix}:{{{batch_key}}}:{k}" for k in _KINDS]
+    def _keys(self, batch_key: str) -> dict[str, str]:
+        return batch_keys(self.prefix, batch_key)
 
     def _registry(self) -> str:
-        return f"{self.prefix}:batches"
+        return registry_key(self.prefix)
 
     def _read(self, op: str, fn: Any) -> Any:
         import redis
@@ -239,7 +241,7 @@ class RedisAnchorIndex(AnchorIndex):
         raise AssertionError("unreachable")
 
     def _guard_key(self) -> str:
-        return f"{self.prefix}:guard"
+        return guard_key(self.prefix)
 
     def ensure_guard(self, token: str | None = None) -> tuple[str, bool]:
         """Set the run's guard key (no expiry) if absent; returns ``(token in Redis, lost)``.
@@ -309,12 +311,12 @@ class RedisAnchorIndex(AnchorIndex):
             pipe = client.pipeline(transaction=False)
             for lo in range(0, len(steps), self.chunk_size):
                 chunk = steps[lo : lo + self.chunk_size]
-                records = "\x1e".join(
-                    f"{s.task}\x1f{int(s.run)}\x1f{int(s.step)}\x1f{s.state_hash}\x1f{float(s.ret)!r}\x1f{'1' if s.last else '0'}"
+                records = RECORD_SEP.join(
+                    FIELD_SEP.join((s.task, str(int(s.run)), str(int(s.step)), s.state_hash, repr(float(s.ret)), "1" if s.last else "0"))
                     for s in chunk
                 )
                 argv = [ttl_ms, self._fences.get(batch_key, ""), new_fence, records]
-                self._script(keys=keys[:5], args=argv, client=pipe)
+                self._script(keys=list(keys.values()), args=argv, client=pipe)
             pipe.sadd(self._registry(), batch_key)
             pipe.pexpire(self._registry(), ttl_ms)
             results = pipe.execute(raise_on_error=False)
@@ -364,23 +366,23 @@ class RedisAnchorIndex(AnchorIndex):
         subset = None
         for _ in range(3):
             recs = records if subset is None else _subset(records, subset)
-            runs = "\x1e".join(
-                f"{names[t]}\x1f{r}\x1f{n}\x1f{d:016x}"
+            runs = RECORD_SEP.join(
+                FIELD_SEP.join((names[t], str(r), str(n), f"{d:016x}"))
                 for t, r, n, d in zip(recs.run_task.tolist(), recs.run_id.tolist(), recs.run_length.tolist(), recs.run_digest.tolist())
             )
             m = recs.moments
-            groups = "\x1e".join(
-                f"{names[t]}\x1f{states[h]}\x1f{int(n)}\x1f{c!r}\x1f{a!r}\x1f{b!r}"
+            groups = RECORD_SEP.join(
+                FIELD_SEP.join((names[t], states[h], str(int(n)), repr(c), repr(a), repr(b)))
                 for t, h, n, c, a, b in zip(
                     recs.group_task.tolist(), recs.group_state.tolist(), m[:, 0].tolist(), m[:, 1].tolist(),
                     m[:, 2].tolist(), m[:, 3].tolist(),
                 )
             )
             argv = [str(int(self.ttl_s * 1000)), self._fences.get(batch_key, ""), uuid.uuid4().hex, runs, groups,
-                    "\x1e".join(call_tasks)]
+                    RECORD_SEP.join(call_tasks)]
             try:
                 pipe = self._conn().pipeline(transaction=False)
-                self._runs_script(keys=keys, args=argv, client=pipe)
+                self._runs_script(keys=list(keys.values()), args=argv, client=pipe)
                 pipe.sadd(self._registry(), batch_key)
                 pipe.pexpire(self._registry(), argv[0])
                 res = pipe.execute(raise_on_error=False)[0]
@@ -431,7 +433,7 @@ class RedisAnchorIndex(AnchorIndex):
         else:
             done, cursor = self.completed_runs(batch_key), "0-0"
         short = {t: done.get(t, 0) for t in tasks if done.get(t, 0) < n_runs}
-        events = self._keys(batch_key)[5]
+        events = self._keys(batch_key)["events"]
         deadline = time.monotonic() + timeout_s
         while short:
             left = deadline - time.monotonic()
@@ -445,29 +447,29 @@ class RedisAnchorIndex(AnchorIndex):
             for _, entries in reply or []:
                 for eid, fields in entries:
                     cursor = eid.decode() if isinstance(eid, bytes) else str(eid)
-                    task = fields[b"t"].decode()
+                    task = fields[EVENT_TASK.encode()].decode()
                     if task in short:
-                        short[task] = int(fields[b"d"])
+                        short[task] = int(fields[EVENT_DONE.encode()])
                         if short[task] >= n_runs:
                             del short[task]
 
     def fence(self, batch_key: str) -> str | None:
         """The batch's fence token (None when it does not exist)."""
         keys = self._keys(batch_key)
-        raw = self._read(f"fence token of batch {batch_key!r}", lambda c: c.hget(keys[0], FENCE_FIELD))
+        raw = self._read(f"fence token of batch {batch_key!r}", lambda c: c.hget(keys["meta"], FENCE_FIELD))
         return raw.decode() if raw is not None else None
 
     @_timed("query")
     def _moments(self, batch_key: str, group_keys: list[tuple[str, str]], tasks: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         self._check_guard(batch_key, "query")
         keys = self._keys(batch_key)
-        fields = [_field(t, h) for t, h in group_keys]
+        fields = [group_field(t, h) for t, h in group_keys]
 
         def read(c: Any) -> list[Any]:
             pipe = c.pipeline(transaction=True)  # one consistent snapshot
-            pipe.hget(keys[0], FENCE_FIELD)
-            pipe.hmget(keys[2], fields)
-            pipe.hmget(keys[4], tasks)
+            pipe.hget(keys["meta"], FENCE_FIELD)
+            pipe.hmget(keys["groups"], fields)
+            pipe.hmget(keys["done"], tasks)
             return pipe.execute()
 
         raw_fence, raw_groups, raw_done = self._read(f"query of {len(fields)} anchor groups in batch {batch_key!r}", read)
@@ -485,7 +487,7 @@ class RedisAnchorIndex(AnchorIndex):
         Returns None for a batch this client never saw and Redis does not hold (unknown).
         """
         self._check_guard(batch_key, op)
-        meta = self._keys(batch_key)[0]
+        meta = self._keys(batch_key)["meta"]
 
         def read(c: Any) -> list[Any]:
             pipe = c.pipeline(transaction=True)  # one consistent snapshot
@@ -507,13 +509,13 @@ class RedisAnchorIndex(AnchorIndex):
             AnchorIndexError: the batch's state was lost since this client saw it, or Redis lost
                 the run's data (``guard``), or Redis failed.
         """
-        raw = self._read_checked(batch_key, "completed runs", self._keys(batch_key)[4], lambda p, k: p.hgetall(k))
+        raw = self._read_checked(batch_key, "completed runs", self._keys(batch_key)["done"], lambda p, k: p.hgetall(k))
         return {k.decode(): int(v) for k, v in (raw or {}).items()}
 
     @_timed("stats")
     def group_sizes(self, batch_key: str) -> np.ndarray:
         """Steps per anchor group, ascending (empty for an unknown batch); raises as :meth:`completed_runs`."""
-        vals = self._read_checked(batch_key, "group sizes", self._keys(batch_key)[2], lambda p, k: p.hvals(k))
+        vals = self._read_checked(batch_key, "group sizes", self._keys(batch_key)["groups"], lambda p, k: p.hvals(k))
         return np.sort(np.asarray([int(v.split()[0]) for v in (vals or [])], dtype=np.int64))
 
     @_timed("stats")
@@ -523,10 +525,10 @@ class RedisAnchorIndex(AnchorIndex):
             pipe = c.pipeline(transaction=False)
             for b in batches:
                 keys = self._keys(b)
-                pipe.exists(keys[0])
-                pipe.hlen(keys[1])
-                pipe.hvals(keys[2])
-                pipe.hget(keys[0], "run_steps")  # steps stored as whole trajectories
+                pipe.exists(keys["meta"])
+                pipe.hlen(keys["steps"])
+                pipe.hvals(keys["groups"])
+                pipe.hget(keys["meta"], RUN_STEPS_FIELD)  # steps stored as whole trajectories
             res = pipe.execute()
             live, entries, sizes, gone = 0, 0, [], []
             for i, b in enumerate(batches):
@@ -556,9 +558,9 @@ class RedisAnchorIndex(AnchorIndex):
         keys = self._keys(batch_key)
         try:
             pipe = self._conn().pipeline(transaction=True)
-            pipe.hlen(keys[1])
-            pipe.hget(keys[0], "run_steps")
-            pipe.delete(*keys)
+            pipe.hlen(keys["steps"])
+            pipe.hget(keys["meta"], RUN_STEPS_FIELD)
+            pipe.delete(*keys.values())
             pipe.srem(self._registry(), batch_key)
             n_steps, run_steps = pipe.execute()[:2]
         except redis.RedisError as exc:

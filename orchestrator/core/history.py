@@ -38,6 +38,20 @@ _LATER = {"answer_prob", "answer_prob_version"}
 class TaskHistory:
     """Reward statistics per task: arrays of length T (number of tasks), float64/int64."""
 
+    # the columns, made from _FIELDS: (T,) int64 unless noted
+    groups: np.ndarray
+    informative: np.ndarray
+    rollouts: np.ndarray
+    correct: np.ndarray
+    mean: np.ndarray  # float64
+    m2: np.ndarray  # float64
+    consec_all_correct: np.ndarray
+    consec_all_wrong: np.ndarray
+    last_model_version: np.ndarray
+    skip_until_epoch: np.ndarray
+    answer_prob: np.ndarray  # float64
+    answer_prob_version: np.ndarray
+
     def __init__(self, num_tasks: int):
         self.num_tasks = num_tasks
         for name, dtype in _FIELDS.items():

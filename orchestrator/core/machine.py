@@ -4,14 +4,21 @@ Pure Python and numpy: no Ray, no I/O, no clock. The Ray actor (``orchestrator.s
 thin shell that feeds it rollouts and forwards its batches.
 
 Where things live: :class:`OrchestratorCore` (here: construction, policy and model version,
-stats views) is composed of parts, one job each:
+stats views) is composed of parts, one job each. Each part is given in its constructor the
+shared state it reads (:mod:`orchestrator.core.shared`: the policy and model version, the open
+batch, the counters; :mod:`orchestrator.core.tasks`: the per-task columns) and the parts it
+calls; none reads another's attributes through ``self``:
 
-- :mod:`orchestrator.core.rounds`: task selection, end of data, round plans, open rounds, the
-  hand-out of tasks to an attached explorer;
-- :mod:`orchestrator.core.submit`: groups in (judging, validity, the list and table routes,
-  classification, carry or drop, counters);
-- :mod:`orchestrator.core.release`: batches out (staleness at assembly, padding, ``on_cap``);
-- :mod:`orchestrator.core.state`: save, load and the version-1 migration.
+- :mod:`orchestrator.core.rounds` (``core.rounds``): task selection, end of data, round plans,
+  open rounds, the hand-out of tasks to an attached explorer;
+- :mod:`orchestrator.core.submit` (``core.intake``): groups in (judging, validity, the list and
+  table routes, classification, carry or drop, counters);
+- :mod:`orchestrator.core.release` (``core.release``): batches out (staleness at assembly,
+  padding, ``on_cap``);
+- :mod:`orchestrator.core.state` (``core.snapshot``): save, load and the version-1 migration.
+
+The core's attributes and methods say which part owns each (``core.carry`` is
+``core.batch.carry``, ``core.plan_round`` is ``core.rounds.plan_round``).
 
 The policy's modes are strategy objects the parts look up by the policy's value, one registry
 per extension point: :mod:`orchestrator.core.modes` (``group_validity``, ``stale_members``,
@@ -65,21 +72,20 @@ Every group is emitted once, used once as padding, or dropped once with a reason
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from orchestrator.core.errors import DataExhaustedError, ReplenishCapError, short_repr  # noqa: F401 - importers find them here
-from orchestrator.core.history import TaskHistory
-from orchestrator.core.outcomes import GroupOutcome
-from orchestrator.core.passrate import PassRateEstimate
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.release import ROUNDS_KEPT, Release, rollout_lags  # noqa: F401
 from orchestrator.core.rounds import OPEN_ROUNDS_KEPT, RoundPlan, Rounds  # noqa: F401
 from orchestrator.core.rows import GroupRows, flagged  # noqa: F401
-from orchestrator.core.selection import TaskSelection
-from orchestrator.core.selections import make_selection
+from orchestrator.core.shared import OpenBatch, Run, Tally
 from orchestrator.core.state import CoreState, group_from_dict, group_to_dict, json_safe  # noqa: F401
-from orchestrator.core.stats import COUNTERS, BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
+from orchestrator.core.stats import BatchStats, LastRound, Stats, TaskEstimate, TaskStats, ratio
 from orchestrator.core.submit import Submit
+from orchestrator.core.tasks import TaskColumns
 from orchestrator.core.types import Experience, ExperienceId
 from orchestrator.core.validate import MAX_INT32
 
@@ -120,13 +126,33 @@ def trajectory_rollouts(steps: list[Experience]) -> list[Experience]:
     return out
 
 
-class OrchestratorCore(Rounds, Submit, Release, CoreState):
+def _owned(part: str, name: str, settable: bool = False) -> property:
+    """``core.<name>``: the attribute or method ``name`` of the part that owns it."""
+
+    def get(self: OrchestratorCore) -> Any:
+        return getattr(getattr(self, part), name)
+
+    def put(self: OrchestratorCore, value: Any) -> None:
+        setattr(getattr(self, part), name, value)
+
+    return property(get, put if settable else None, doc=f"``{part}.{name}``")
+
+
+class OrchestratorCore:
     """Dynamic-sampling state machine for one training run.
+
+    Composed of parts, each given in its constructor the shared state it reads
+    (:mod:`orchestrator.core.shared`: :class:`Run`, :class:`OpenBatch`, :class:`Tally`; and the
+    per-task :class:`~orchestrator.core.tasks.TaskColumns`) and the parts it calls:
+    :class:`Rounds` (``rounds``), :class:`Submit` (``intake``), :class:`Release` (``release``)
+    and :class:`CoreState` (``snapshot``). The attributes and methods below name the part
+    that owns each.
 
     Args:
         policy: the resampling policy (replaceable at run time with :meth:`set_policy`).
         task_ids: every task id of the task set, in a stable order.
         seed: seeds the per-epoch task order.
+        task_tags: each task's difficulty tag (pass-rate priors by tag), or None.
     Raises:
         ValueError: empty or duplicate task ids.
     """
@@ -136,52 +162,81 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
             raise ValueError("task_ids: the task set is empty")
         if len(set(task_ids)) != len(task_ids):
             raise ValueError("task_ids: duplicate task ids")
-        self.policy = policy
-        self.policy_revision = 0
-        self.task_ids = list(task_ids)
-        self._index = {t: i for i, t in enumerate(self.task_ids)}
-        self.seed = seed
-        self.history = TaskHistory(len(task_ids))
-        self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life, tags=task_tags)
-        self.model_version = 0  # newest model version (model weights) seen
-        # task order: one selection per mode used so far (the registry's, made on first use), each
-        # keeping its place while another is active
-        self.selections: dict[str, TaskSelection] = {policy.selection: make_selection(policy.selection, len(task_ids), seed, policy)}
-        # the active selection's epoch in which each task was last drawn (-1: never); skip-rule
-        # cooldowns count from it, in the active selection's epochs
-        self.pick_epoch = np.full(len(task_ids), -1, dtype=np.int64)
-        # planned rounds awaiting their groups: round key -> counts; task index -> round keys
-        self.open_rounds: dict[str, dict] = {}
-        self.awaited: dict[int, list[str]] = {}
-        self.last_round: dict | None = None
-        # the open batch
-        self.batch_id = 0
-        self.rounds_started = 0  # rounds planned for the open batch (cap, same_tasks)
-        self.rounds_submitted = 0  # rounds submitted into the open batch (purpose, counters)
-        # the answer screen's tally of the round being planned (Rounds.answer_top_up); not kept in
-        # checkpoints: it lives from plan_round to the round's rollouts, within one next_batch call
-        self.answer_tally: dict[str, float] = {"scored": 0, "expected": 0.0}
-        self.round_drawn = np.zeros(len(self.task_ids), dtype=bool)  # (T,) the tasks of that round, same lifetime
-        self.dropped_task_ids: list[str] = []
-        # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
-        self.in_flight: list[str] = []
-        self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
-        self.carry = GroupRows.empty(policy.group_size)  # informative groups, oldest first
-        self.candidates = GroupRows.empty(policy.group_size)  # the open batch's dropped groups, for padding
-        # counters (cumulative)
-        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)  # cumulative, see Stats
-        self.classified_by_reason = {r.label: 0 for r in GroupOutcome}
-        self.dropped_by_reason = {r.label: 0 for r in GroupOutcome if r != GroupOutcome.INFORMATIVE}
-        self.rounds_per_batch: list[int] = []
-        self.requeue: list[str] = []  # tasks of stale groups to roll again (requeue_stale)
-        self.window = self._new_window()  # per-batch sums since the last release
-        self.last_batch: dict = {}  # per-batch reward metrics of the last released batch
-        # task rows the per-task columns were written at since touched_rows(); None: any row
-        self._touched: list[np.ndarray] | None = None
+        run = self.run = Run(policy)
+        tasks = self.tasks = TaskColumns(task_ids, seed, policy.passrate_half_life, task_tags)
+        tally = self.tally = Tally()
+        batch = self.batch = OpenBatch(policy.group_size)
+        self.rounds = Rounds(run, tasks, tally, batch, view=self)
+        self.intake = Submit(run, tasks, tally, batch, self.rounds)
+        self.release = Release(run, tasks, tally, batch, self.intake, view=self)
+        self.snapshot = CoreState(run, tasks, tally, batch, self.rounds, self.intake)
 
-    @staticmethod
-    def _new_window() -> dict:
-        return {"reward_sum_all": 0.0, "reward_count_all": 0, "reward_sum_kept": 0.0, "reward_count_kept": 0, "rollouts": 0}
+    # who owns what: the shared state
+    policy = _owned("run", "policy", settable=True)
+    policy_revision = _owned("run", "policy_revision", settable=True)
+    model_version = _owned("run", "model_version", settable=True)
+    task_ids = _owned("tasks", "task_ids")
+    seed = _owned("tasks", "seed")
+    history = _owned("tasks", "history")
+    passrate = _owned("tasks", "passrate")
+    pick_epoch = _owned("tasks", "pick_epoch", settable=True)
+    task_index = _owned("tasks", "task_index")
+    touched_rows = _owned("tasks", "touched_rows")
+    counters = _owned("tally", "counters", settable=True)
+    classified_by_reason = _owned("tally", "classified_by_reason")
+    dropped_by_reason = _owned("tally", "dropped_by_reason")
+    rounds_per_batch = _owned("tally", "rounds_per_batch")
+    window = _owned("tally", "window")
+    last_batch = _owned("tally", "last_batch")
+    carry = _owned("batch", "carry", settable=True)
+    candidates = _owned("batch", "candidates", settable=True)
+    batch_id = _owned("batch", "batch_id")
+    rounds_started = _owned("batch", "rounds_started")
+    rounds_submitted = _owned("batch", "rounds_submitted")
+    dropped_task_ids = _owned("batch", "dropped_task_ids", settable=True)
+    requeue = _owned("batch", "requeue")
+    # the rounds part: task selection, round plans, screens, tasks handed out
+    selections = _owned("rounds", "selections")
+    selection = _owned("rounds", "selection")
+    epoch = _owned("rounds", "epoch")
+    open_rounds = _owned("rounds", "open_rounds")
+    last_round = _owned("rounds", "last_round")
+    in_flight = _owned("rounds", "in_flight")
+    requeued = _owned("rounds", "requeued")
+    predicted_informative = _owned("rounds", "predicted_informative")
+    predicted_keep_rate = _owned("rounds", "predicted_keep_rate")
+    select_tasks = _owned("rounds", "select_tasks")
+    epochs_done = _owned("rounds", "epochs_done")
+    rollouts_left = _owned("rounds", "rollouts_left")
+    exhausted = _owned("rounds", "exhausted")
+    missing_groups = _owned("rounds", "missing_groups")
+    cap_reached = _owned("rounds", "cap_reached")
+    replenish_blocked = _owned("rounds", "replenish_blocked")
+    plan_round = _owned("rounds", "plan_round")
+    screen_plan = _owned("rounds", "screen_plan")
+    record_screens = _owned("rounds", "record_screens")
+    answer_reused = _owned("rounds", "answer_reused")
+    answer_screen = _owned("rounds", "answer_screen")
+    answer_top_up = _owned("rounds", "answer_top_up")
+    next_tasks = _owned("rounds", "next_tasks")
+    requeue_in_flight = _owned("rounds", "requeue_in_flight")
+    # the intake part: groups in
+    judge_name = _owned("intake", "judge_name")
+    check_groups = _owned("intake", "check_groups")
+    check_table = _owned("intake", "check_table")
+    validate = _owned("intake", "validate")
+    submit = _owned("intake", "submit")
+    submit_table = _owned("intake", "submit_table")
+    drop_held = _owned("intake", "drop_held")
+    # the release part: batches out
+    try_emit = _owned("release", "try_emit")
+    close_at_cap = _owned("release", "close_at_cap")
+    finish = _owned("release", "finish")
+    # the snapshot part: save and load
+    held_groups = _owned("snapshot", "held_groups")
+    state = _owned("snapshot", "state")
+    state_dict = _owned("snapshot", "state_dict")
+    load_state_dict = _owned("snapshot", "load_state_dict")
 
     # ------------------------------------------------------------------ policy
     def set_policy(self, policy: ResamplingPolicy) -> int:
@@ -196,27 +251,16 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
                 f"while {len(self.carry) + len(self.candidates)} groups are held (they have {self.policy.group_size} "
                 "rollouts each); change it once the stats' groups_held is 0"
             )
-        old = self.selection
-        new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.task_ids), self.seed, policy)
-        for sel in {**self.selections, policy.selection: new}.values():
-            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
-        self.selections[policy.selection] = new
-        if new is not old:
-            self._move_cooldowns(old.epoch, new.epoch)
+        self.rounds.use_policy(policy)  # may refuse it (e.g. unknown selection options): nothing changed yet
         self.policy = policy
         self.policy_revision += 1
         self.passrate.half_life = policy.passrate_half_life
         return self.policy_revision
 
-    def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
-        """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
-        ``selection``): a task keeps the epochs it has left to sit out, counted from the new
-        selection's current epoch."""
-        h = self.history
-        left = np.maximum(h.skip_until_epoch - old_epoch, 0)
-        h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
-        self.pick_epoch[:] = np.where(self.pick_epoch >= 0, np.maximum(new_epoch + self.pick_epoch - old_epoch, 0), -1)
-        self._touch(np.arange(len(self.task_ids), dtype=np.int64))
+    def reset(self) -> None:
+        """Back to a new core's state (the same policy, task ids, seed and task tags), in place: the
+        parts that hold this core keep it (the actor after a failed first commit)."""
+        self.__init__(self.policy, self.task_ids, seed=self.seed, task_tags=self.passrate.task_tags())
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.
@@ -277,7 +321,7 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         Raises :class:`UnknownTaskError`.
         """
         i = self.task_index(task_id)
-        extra = self.selection.task_row(i, self._context())
+        extra = self.selection.task_row(i, self.rounds.context())
         return TaskStats(
             task_id=task_id,
             **self.history.row(i),

@@ -13,20 +13,22 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from orchestrator.core.errors import short_repr
 from orchestrator.core.passrate import (
     informative_after_unanimous_screen,
     informativeness,
     keep_probability,
     plugin_informativeness,
 )
+from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import SelectionContext, TaskSelection
 from orchestrator.core.selections import make_selection
-from orchestrator.core.types import Purpose, UnknownTaskError
-from orchestrator.core.validate import unknown_task
+from orchestrator.core.shared import OpenBatch, Run, Tally
+from orchestrator.core.tasks import TaskColumns
+from orchestrator.core.types import Purpose
 
 SETTLED_KEEP = 0.01
 """A score whose keep probability is below this is settled: reusable for the answer screen's ``reuse_versions``."""
@@ -69,22 +71,97 @@ class ScreenPlan:
 
 class Rounds:
     """Select tasks, plan rounds and track the open ones; a part of
-    :class:`~orchestrator.core.machine.OrchestratorCore`, whose attributes it uses."""
+    :class:`~orchestrator.core.machine.OrchestratorCore`.
 
-    def task_index(self, task_id: str) -> int:
-        try:
-            return self._index[task_id]
-        except KeyError:
-            raise UnknownTaskError(unknown_task(task_id, len(self.task_ids))) from None
-        except TypeError:  # unhashable
-            raise UnknownTaskError(f"task_id: not a task id: {short_repr(task_id)}") from None
+    Args:
+        run: the policy and the model version.
+        tasks: the per-task columns (history, pass-rate evidence, draw epochs).
+        tally: the counters (rollouts planned, screens, rounds).
+        batch: the open batch (its rounds, held groups and tasks to roll again).
+        view: the core, as the ``replenish`` mode reads it (:mod:`orchestrator.core.modes`).
+    """
+
+    def __init__(self, run: Run, tasks: TaskColumns, tally: Tally, batch: OpenBatch, view: Any) -> None:
+        self.run, self.tasks, self.tally, self.batch, self.view = run, tasks, tally, batch, view
+        # task order: one selection per mode used so far (the registry's, made on first use), each
+        # keeping its place while another is active
+        policy = run.policy
+        self.selections: dict[str, TaskSelection] = {policy.selection: make_selection(policy.selection, len(tasks), tasks.seed, policy)}
+        # planned rounds awaiting their groups: round key -> counts; task index -> round keys
+        self.open_rounds: dict[str, dict] = {}
+        self.awaited: dict[int, list[str]] = {}
+        self.last_round: dict | None = None
+        # the answer screen's tally of the round being planned (answer_top_up); not kept in
+        # checkpoints: it lives from plan_round to the round's rollouts, within one next_batch call
+        self.answer_tally: dict[str, float] = {"scored": 0, "expected": 0.0}
+        self.round_drawn = np.zeros(len(tasks.task_ids), dtype=bool)  # (T,) the tasks of that round, same lifetime
+        # tasks handed to an external explorer (next_tasks) whose groups have not come back yet
+        self.in_flight: list[str] = []
+        self.requeued: list[str] = []  # in-flight tasks of an explorer that restarted: handed out first
+
+    def use_policy(self, policy: ResamplingPolicy) -> None:
+        """Make (on first use) and configure the selection of a new policy, before it applies: every
+        selection made so far is configured, and may refuse it (nothing has changed then); a switch
+        of ``selection`` moves the cooldowns to the new selection's epochs."""
+        old = self.selection
+        new = self.selections.get(policy.selection) or make_selection(policy.selection, len(self.tasks), self.tasks.seed, policy)
+        for sel in {**self.selections, policy.selection: new}.values():
+            sel.configure(policy, policy.mode_options("selection") if sel is new else None)
+        self.selections[policy.selection] = new
+        if new is not old:
+            self._move_cooldowns(old.epoch, new.epoch)
+
+    def _move_cooldowns(self, old_epoch: int, new_epoch: int) -> None:
+        """Re-express cooldowns and draw epochs in another selection's epoch count (a PATCH of
+        ``selection``): a task keeps the epochs it has left to sit out, counted from the new
+        selection's current epoch."""
+        h = self.tasks.history
+        left = np.maximum(h.skip_until_epoch - old_epoch, 0)
+        h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
+        self.tasks.pick_epoch[:] = np.where(self.tasks.pick_epoch >= 0, np.maximum(new_epoch + self.tasks.pick_epoch - old_epoch, 0), -1)
+        self.tasks.touch(np.arange(len(self.tasks), dtype=np.int64))
+
+    def observe(self, idx: np.ndarray, keep: np.ndarray, all_correct: np.ndarray) -> None:
+        """Every selection made so far learns from submitted groups: (G,) task rows, kept and all-correct flags."""
+        for sel in self.selections.values():
+            sel.observe(idx, keep, all_correct)
+
+    def state(self) -> dict:
+        """This part's entries of the core's state (:meth:`~orchestrator.core.state.CoreState.state`):
+        ``selections``, ``open_rounds``, ``awaited``, ``last_round``, ``in_flight``, ``requeued``."""
+        return {
+            "selections": {name: sel.state_dict() for name, sel in self.selections.items()},
+            "open_rounds": {k: dict(v) for k, v in self.open_rounds.items()},
+            "awaited": {str(i): list(keys) for i, keys in self.awaited.items()},
+            "last_round": dict(self.last_round) if self.last_round else None,
+            "in_flight": list(self.in_flight),
+            "requeued": list(self.requeued),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore :meth:`state`'s entries, after the core restored the policy and the seed (a
+        version-1 state holds only the epoch order: the other entries stay as they are)."""
+        n, seed, policy = len(self.tasks), self.tasks.seed, self.run.policy
+        self.selections = {}
+        if "selections" in state:
+            for name, sel_state in state["selections"].items():
+                self.selections[name] = make_selection(name, n, seed, policy)
+                self.selections[name].load_state_dict(sel_state)
+            self.open_rounds = {k: dict(v) for k, v in state["open_rounds"].items()}
+            self.awaited = {int(i): list(keys) for i, keys in state["awaited"].items()}
+            self.last_round = dict(state["last_round"]) if state["last_round"] else None
+        else:  # version 1: epoch order only, no estimates
+            self.selections["epoch"] = make_selection("epoch", n, seed, policy)
+            self.selections["epoch"].load_state_dict({"epoch": state["epoch"], "cursor": state["cursor"]})
+        self.in_flight = list(state.get("in_flight", []))
+        self.requeued = list(state.get("requeued", []))
 
     @property
     def selection(self) -> TaskSelection:
         """The active task selection (``policy.selection``; made from the registry on first use)."""
-        name = self.policy.selection
+        name = self.run.policy.selection
         if name not in self.selections:
-            self.selections[name] = make_selection(name, len(self.task_ids), self.seed, self.policy)
+            self.selections[name] = make_selection(name, len(self.tasks.task_ids), self.tasks.seed, self.run.policy)
         return self.selections[name]
 
     @property
@@ -95,27 +172,27 @@ class Rounds:
     def predicted_informative(self) -> np.ndarray:
         """(T,) float64: each task's predicted chance that its next group is informative
         (Beta-Binomial posterior predictive, :mod:`orchestrator.core.passrate`)."""
-        return self.passrate.informativeness(self.model_version, self.policy.group_size)
+        return self.tasks.passrate.informativeness(self.run.model_version, self.run.policy.group_size)
 
-    def _context(self) -> SelectionContext:
-        p = self.policy
+    def context(self) -> SelectionContext:
+        p = self.run.policy
         return SelectionContext(
-            skip_until_epoch=self.history.skip_until_epoch,
+            skip_until_epoch=self.tasks.history.skip_until_epoch,
             informative=self.predicted_informative(),
             max_epochs=p.max_epochs,
-            zero_streak_correct=self.history.consec_all_correct,
-            zero_streak_wrong=self.history.consec_all_wrong,
-            groups=self.history.groups,
+            zero_streak_correct=self.tasks.history.consec_all_correct,
+            zero_streak_wrong=self.tasks.history.consec_all_wrong,
+            groups=self.tasks.history.groups,
         )
 
     def select_tasks(self, count: int) -> list[str]:
         """Up to ``count`` next tasks (see :meth:`_draw_tasks`), within ``max_epochs`` and the rollout
         budget (``max_rollouts`` counts ``group_size`` rollouts per task handed out)."""
-        tasks = self._draw_tasks(self._affordable(count))
-        self.counters["rollouts_planned"] += len(tasks) * self.policy.group_size
+        tasks = self.draw_tasks(self.affordable(count))
+        self.tally.counters["rollouts_planned"] += len(tasks) * self.run.policy.group_size
         return tasks
 
-    def _draw_tasks(self, count: int, need: float | None = None, ctx: SelectionContext | None = None) -> list[str]:
+    def draw_tasks(self, count: int, need: float | None = None, ctx: SelectionContext | None = None) -> list[str]:
         """Up to ``count`` next tasks of the active selection (``policy.selection``).
 
         ``epoch``: each epoch is a seeded permutation of the task set. A task skipped by the
@@ -132,32 +209,32 @@ class Rounds:
         """
         if self.epochs_done() or count <= 0:
             return []
-        ctx = ctx if ctx is not None else self._context()
+        ctx = ctx if ctx is not None else self.context()
         idx = self.selection.select(count, ctx) if need is None else self.selection.fill(need, count, ctx)
-        self.pick_epoch[idx] = self.selection.picked_epochs
-        self._touch(idx)  # the selection's last_pick
-        return [self.task_ids[i] for i in idx]
+        self.tasks.pick_epoch[idx] = self.selection.picked_epochs
+        self.tasks.touch(idx)  # the selection's last_pick
+        return [self.tasks.task_ids[i] for i in idx]
 
     def epochs_done(self) -> bool:
         """True once the task order has passed ``policy.max_epochs`` epochs."""
-        return self.policy.max_epochs is not None and self.epoch >= self.policy.max_epochs
+        return self.run.policy.max_epochs is not None and self.epoch >= self.run.policy.max_epochs
 
     def rollouts_left(self) -> int | None:
         """Rollouts the budget still allows (None without ``max_rollouts``)."""
-        if self.policy.max_rollouts is None:
+        if self.run.policy.max_rollouts is None:
             return None
-        c = self.counters
-        return max(0, self.policy.max_rollouts - c["rollouts_planned"])
+        c = self.tally.counters
+        return max(0, self.run.policy.max_rollouts - c["rollouts_planned"])
 
-    def _affordable(self, count: int) -> int:
+    def affordable(self, count: int) -> int:
         """``count`` tasks, capped at the groups (``group_size`` rollouts each) the rollout budget still pays for."""
         left = self.rollouts_left()
-        return count if left is None else min(count, left // self.policy.group_size)
+        return count if left is None else min(count, left // self.run.policy.group_size)
 
     def exhausted(self) -> bool:
         """True when no further round can be planned: epochs done, or no budget for one more group."""
         left = self.rollouts_left()
-        return self.epochs_done() or (left is not None and left < self.policy.group_size)
+        return self.epochs_done() or (left is not None and left < self.run.policy.group_size)
 
     def predicted_keep_rate(self) -> float:
         """Laplace-smoothed informative groups per task rolled out so far: (k + 1) / (g + s + 2),
@@ -169,11 +246,11 @@ class Rounds:
         informative, plan each round as if every task yielded a group, and emit short batches
         after ``max_replenish_rounds`` (measured: a median of 2-3 groups of 8 with screens of 2).
         Without screening ``s`` is 0."""
-        c = self.counters
+        c = self.tally.counters
         return (c["groups_kept_classified"] + 1) / (c["groups_submitted"] + c["screens_stopped"] + c["answer_skips"] + 2)
 
     def missing_groups(self) -> int:
-        return max(0, self.policy.target_groups - len(self.carry))
+        return max(0, self.run.policy.target_groups - len(self.batch.carry))
 
     def cap_reached(self) -> bool:
         """True when the open batch may not start another replenish round.
@@ -182,15 +259,15 @@ class Rounds:
         after ``max_replenish_rounds`` replenish rounds, or filter-only (``replenish='none'``) as
         soon as the initial round has run.
         """
-        if self.missing_groups() == 0 or self.rounds_started == 0:
+        if self.missing_groups() == 0 or self.batch.rounds_started == 0:
             return False
-        if self.policy.screen != "none" and not self.carry and not self.candidates:
+        if self.run.policy.screen != "none" and not self.batch.carry and not self.batch.candidates:
             return False  # every task so far was a stopped screen or skipped: nothing to release yet (no empty batch)
-        return self.policy.mode("replenish").capped(self.rounds_started, self.policy.max_replenish_rounds)
+        return self.run.policy.mode("replenish").capped(self.batch.rounds_started, self.run.policy.max_replenish_rounds)
 
     def replenish_blocked(self) -> bool:
         """True when the next round would be a replenish round and replenishment is paused."""
-        return self.policy.replenish_paused and self.rounds_started > 0
+        return self.run.policy.replenish_paused and self.batch.rounds_started > 0
 
     def plan_round(self) -> RoundPlan:
         """Plan the next round: only the missing count, sized by the predicted keep rate.
@@ -203,30 +280,30 @@ class Rounds:
         tasks top up. Plans nothing once :meth:`exhausted`.
         """
         missing = self.missing_groups()
-        rnd = self.rounds_started
+        rnd = self.batch.rounds_started
         purpose: Purpose = "initial" if rnd == 0 else "replenish"
         if missing == 0 or self.exhausted():
-            return RoundPlan([], purpose, rnd, self.batch_id)
-        ctx = self._context()
+            return RoundPlan([], purpose, rnd, self.batch.batch_id)
+        ctx = self.context()
         informative = self.selection.sizes_by_prediction
-        p = self.policy.min_keep_rate if informative else max(self.policy.min_keep_rate, self.predicted_keep_rate())
-        count = self._affordable(min(math.ceil(missing / p), self.policy.max_tasks_per_round))
-        task_ids, self.requeue = self.requeue[:count], self.requeue[count:]
+        p = self.run.policy.min_keep_rate if informative else max(self.run.policy.min_keep_rate, self.predicted_keep_rate())
+        count = self.affordable(min(math.ceil(missing / p), self.run.policy.max_tasks_per_round))
+        task_ids, self.batch.requeue = self.batch.requeue[:count], self.batch.requeue[count:]
         if rnd > 0:
-            task_ids += self.policy.mode("replenish").rerolls(self, count - len(task_ids))
-        taken = np.array([self._index[t] for t in task_ids], dtype=np.int64)
+            task_ids += self.run.policy.mode("replenish").rerolls(self.view, count - len(task_ids))
+        taken = np.array([self.tasks.index[t] for t in task_ids], dtype=np.int64)
         need = missing - float(ctx.informative[taken].sum()) if informative else None
-        ctx.drawn = np.zeros(len(self.task_ids), dtype=bool)
+        ctx.drawn = np.zeros(len(self.tasks.task_ids), dtype=bool)
         ctx.drawn[taken] = True  # a fresh draw takes none of the round's re-rolls again
-        task_ids += self._draw_tasks(count - len(task_ids), need=need, ctx=ctx)
-        self.counters["rollouts_planned"] += len(task_ids) * self.policy.group_size
-        self.rounds_started += 1
+        task_ids += self.draw_tasks(count - len(task_ids), need=need, ctx=ctx)
+        self.tally.counters["rollouts_planned"] += len(task_ids) * self.run.policy.group_size
+        self.batch.rounds_started += 1
         self.answer_tally = {"scored": 0, "expected": 0.0}
-        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
-        self.round_drawn = np.zeros(len(self.task_ids), dtype=bool)
+        idx = np.array([self.tasks.index[t] for t in task_ids], dtype=np.int64)
+        self.round_drawn = np.zeros(len(self.tasks.task_ids), dtype=bool)
         self.round_drawn[idx] = True
         self._open_round(idx, ctx.informative)
-        return RoundPlan(task_ids, purpose, rnd, self.batch_id)
+        return RoundPlan(task_ids, purpose, rnd, self.batch.batch_id)
 
     def screen_plan(self, task_ids: list[str]) -> ScreenPlan:
         """Which of a round's tasks to screen first, and which unanimous screens to complete, from
@@ -239,13 +316,13 @@ class Rounds:
         (:func:`~orchestrator.core.passrate.informative_after_unanimous_screen`), is at least
         ``continue_above``: never at its default 1 (SPEED-RL's rule)
         (:class:`~orchestrator.core.screens.RolloutScreenOptions`)."""
-        p = self.policy
+        p = self.run.policy
         none = np.zeros(len(task_ids), dtype=bool)
         if p.screen != "rollouts" or not task_ids:
             return ScreenPlan(none, none.copy(), none.copy())
         o = p.mode_options("screen")
-        idx = np.array([self._index[t] for t in task_ids], dtype=np.int64)
-        alpha, beta = (x[idx] for x in self.passrate.posterior(self.model_version, p.group_size))
+        idx = np.array([self.tasks.index[t] for t in task_ids], dtype=np.int64)
+        alpha, beta = (x[idx] for x in self.tasks.passrate.posterior(self.run.model_version, p.group_size))
         screen = informativeness(alpha, beta, p.group_size) < o.skip_above
         if o.continue_above >= 1.0:
             return ScreenPlan(screen, none, none.copy())
@@ -257,19 +334,19 @@ class Rounds:
         never completed): their rollouts count as generated (``rollouts_screen_stopped``), the
         rollouts they did not spend go back to the ``max_rollouts`` budget, the pass-rate estimate
         learns from them, and their planned round counts them as not informative."""
-        c = self.counters
+        c = self.tally.counters
         c["screens"] += screened
         if not task_ids:
             return
-        idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
+        idx = np.array([self.tasks.task_index(t) for t in task_ids], dtype=np.int64)
         trials = np.asarray(trials, dtype=np.int64)
-        versions = np.full(len(idx), self.model_version, dtype=np.int64)
-        self.passrate.observe(idx, np.asarray(correct), trials, np.zeros(len(idx), dtype=bool), versions)
-        self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
+        versions = np.full(len(idx), self.run.model_version, dtype=np.int64)
+        self.tasks.passrate.observe(idx, np.asarray(correct), trials, np.zeros(len(idx), dtype=bool), versions)
+        self.close_rounds(idx, np.zeros(len(idx), dtype=bool))
         c["screens_stopped"] += len(idx)
         c["rollouts_screen_stopped"] += int(trials.sum())
-        c["rollouts_planned"] -= int((self.policy.group_size - trials).sum())
-        self._touch(idx)
+        c["rollouts_planned"] -= int((self.run.policy.group_size - trials).sum())
+        self.tasks.touch(idx)
 
     def answer_reused(self, task_ids: list[str]) -> np.ndarray:
         """The last answer probability of each task whose score can be reused instead of scoring it
@@ -289,15 +366,15 @@ class Rounds:
         Raises:
             UnknownTaskError: a task id not in the task set.
         """
-        idx = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
-        pol = self.policy
+        idx = np.array([self.tasks.task_index(t) for t in task_ids], dtype=np.int64)
+        pol = self.run.policy
         o = pol.mode_options("screen")  # the answer screen's (AnswerScreenOptions)
         out = np.full(len(idx), np.nan)
         if not o.reuse_versions or not len(idx):
             return out
-        p, version = self.history.answer_prob[idx], self.history.answer_prob_version[idx]  # version -1: never scored
+        p, version = self.tasks.history.answer_prob[idx], self.tasks.history.answer_prob_version[idx]  # version -1: never scored
         keep = keep_probability(plugin_informativeness(p, pol.group_size), o.keep_at, o.floor, o.keep_power)
-        ok = (version >= 0) & (self.model_version - version <= o.reuse_versions) & (keep < SETTLED_KEEP)
+        ok = (version >= 0) & (self.run.model_version - version <= o.reuse_versions) & (keep < SETTLED_KEEP)
         out[ok] = p[ok]
         return out
 
@@ -340,25 +417,25 @@ class Rounds:
         bad = np.flatnonzero(~(np.isfinite(p) & (p >= 0.0) & (p <= 1.0)))
         if len(bad):
             raise ValueError(f"answer_prob: task {task_ids[bad[0]]!r} has {p[bad[0]]!r}, expected a probability in [0, 1]")
-        pol, o = self.policy, self.policy.mode_options("screen")
+        pol, o = self.run.policy, self.run.policy.mode_options("screen")
         informative = plugin_informativeness(p, pol.group_size)
         keep_p = keep_probability(informative, o.keep_at, o.floor, o.keep_power)
-        u = np.random.default_rng([self.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
+        u = np.random.default_rng([self.tasks.seed, 5, zlib.crc32(round_tag.encode())]).random(len(p))
         keep = u < keep_p
         fresh = np.ones(len(p), dtype=bool) if fresh is None else np.asarray(fresh, dtype=bool)
         tally = self.answer_tally
         tally["scored"] += len(p)
         tally["expected"] += float(informative[keep].sum())
-        scored = np.array([self.task_index(t) for t in task_ids], dtype=np.int64)
-        self.history.answer_prob[scored[fresh]] = p[fresh]
-        self.history.answer_prob_version[scored[fresh]] = self.model_version
-        self._touch(scored)
-        c = self.counters
+        scored = np.array([self.tasks.task_index(t) for t in task_ids], dtype=np.int64)
+        self.tasks.history.answer_prob[scored[fresh]] = p[fresh]
+        self.tasks.history.answer_prob_version[scored[fresh]] = self.run.model_version
+        self.tasks.touch(scored)
+        c = self.tally.counters
         c["answers_scored"] += int(fresh.sum())
         c["answers_reused"] += int((~fresh).sum())
         if (~keep).any():
             idx = scored[~keep]
-            self._close_rounds(idx, np.zeros(len(idx), dtype=bool))
+            self.close_rounds(idx, np.zeros(len(idx), dtype=bool))
             c["answer_skips"] += len(idx)
             c["rollouts_planned"] -= len(idx) * pol.group_size
         return keep
@@ -383,25 +460,25 @@ class Rounds:
             the task ids drawn (empty: the round is full, capped, or the data or budget ended).
         """
         tally = self.answer_tally
-        cap = self.policy.max_tasks_per_round
+        cap = self.run.policy.max_tasks_per_round
         short = self.missing_groups() - tally["expected"]
         if short <= 0 or tally["scored"] >= cap or self.exhausted():
             return []
         rate = tally["expected"] / tally["scored"] if tally["scored"] else 0.0
-        count = min(math.ceil(short / max(self.policy.min_keep_rate, rate)), cap - tally["scored"])
-        ctx = self._context()  # one pass-rate prediction for the draw and the round's record
+        count = min(math.ceil(short / max(self.run.policy.min_keep_rate, rate)), cap - tally["scored"])
+        ctx = self.context()  # one pass-rate prediction for the draw and the round's record
         ctx.drawn = self.round_drawn  # never a task the round holds already (a draw wrapping into the next epoch)
-        ids = self._draw_tasks(self._affordable(count), ctx=ctx)
+        ids = self.draw_tasks(self.affordable(count), ctx=ctx)
         if ids:
-            idx = np.array([self._index[t] for t in ids], dtype=np.int64)
+            idx = np.array([self.tasks.index[t] for t in ids], dtype=np.int64)
             self.round_drawn[idx] = True
-            self.counters["rollouts_planned"] += len(ids) * self.policy.group_size
+            self.tally.counters["rollouts_planned"] += len(ids) * self.run.policy.group_size
             self._extend_round(idx, ctx.informative)
         return ids
 
     def _extend_round(self, idx: np.ndarray, informative: np.ndarray) -> None:
         """Add tasks to the open round's record (:meth:`_open_round`), awaited like its own."""
-        key = f"b{self.batch_id}r{self.rounds_started - 1}"
+        key = f"b{self.batch.batch_id}r{self.batch.rounds_started - 1}"
         r = self.open_rounds.get(key)
         if r is None:
             return self._open_round(idx, informative)
@@ -416,7 +493,7 @@ class Rounds:
         """Remember a planned round's predicted keep rate until all its groups are submitted."""
         if not len(idx):
             return
-        key = f"b{self.batch_id}r{self.rounds_started - 1}"
+        key = f"b{self.batch.batch_id}r{self.batch.rounds_started - 1}"
         self.open_rounds[key] = {
             "predicted_keep_rate": float(informative[idx].mean()),
             "predicted_informative": float(informative[idx].sum()),
@@ -434,11 +511,11 @@ class Rounds:
                 if not self.awaited[i]:
                     del self.awaited[i]
 
-    def _close_rounds(self, idx: np.ndarray, keep: np.ndarray) -> None:
+    def close_rounds(self, idx: np.ndarray, keep: np.ndarray) -> None:
         """Count submitted groups against the planned rounds awaiting them (oldest round first)."""
         if not self.awaited:  # no planned round awaits a group (e.g. tasks chosen by the caller)
             return
-        c = self.counters
+        c = self.tally.counters
         for i, kept in zip(idx.tolist(), keep.tolist(), strict=True):
             keys = self.awaited.get(i)
             if not keys:
@@ -482,21 +559,27 @@ class Rounds:
         if count < 1:
             raise ValueError(f"count: must be >= 1, got {count}")
         tasks, self.requeued = self.requeued[:count], self.requeued[count:]
-        want = 0 if self.epochs_done() else self._affordable(count - len(tasks))
+        want = 0 if self.epochs_done() else self.affordable(count - len(tasks))
         if want > 0:
-            take = self.policy.mode("replenish").rerolls(self, want)
+            take = self.run.policy.mode("replenish").rerolls(self.view, want)
             tasks += take
             want -= len(take)
-            self.counters["rollouts_planned"] += len(take) * self.policy.group_size
+            self.tally.counters["rollouts_planned"] += len(take) * self.run.policy.group_size
         while want > 0 and not self.exhausted():  # select_tasks may fall short when every task cools down
             more = self.select_tasks(want)
             if not more and not self.exhausted():
-                more = self.task_ids[:want]
-                self.counters["rollouts_planned"] += len(more) * self.policy.group_size
+                more = self.tasks.task_ids[:want]
+                self.tally.counters["rollouts_planned"] += len(more) * self.run.policy.group_size
             tasks += more
             want -= len(more)
         self.in_flight.extend(tasks)
         return tasks
+
+    def came_back(self, task_ids: list) -> None:
+        """Tasks whose groups were submitted are no longer in flight."""
+        if self.in_flight:
+            back = {t for t in task_ids if isinstance(t, str)}
+            self.in_flight = [t for t in self.in_flight if t not in back]
 
     def requeue_in_flight(self) -> list[str]:
         """Hand the in-flight tasks out again first: their explorer restarted before their groups came back.

@@ -20,8 +20,11 @@ import numpy as np
 from algos.dapo import InvalidGroupError, classify_groups
 from orchestrator.core.errors import short_repr
 from orchestrator.core.outcomes import GroupOutcome
+from orchestrator.core.rounds import Rounds
 from orchestrator.core.rows import GroupRows, flagged
+from orchestrator.core.shared import OpenBatch, Run, Tally
 from orchestrator.core.table import CheckedTable, check_table, table_error
+from orchestrator.core.tasks import TaskColumns
 from orchestrator.core.types import Group, GroupTable, Purpose, UnknownTaskError
 from orchestrator.core.validate import check_group, member_problem, wrong_size
 
@@ -34,7 +37,18 @@ _TASK = operator.attrgetter("task_id")
 
 class Submit:
     """Validate, count, classify, carry or drop submitted groups; a part of
-    :class:`~orchestrator.core.machine.OrchestratorCore`, whose attributes it uses."""
+    :class:`~orchestrator.core.machine.OrchestratorCore`.
+
+    Args:
+        run: the policy (filter, validity, skip rules) and the model version (raised by a newer group).
+        tasks: the per-task columns a group updates (history, pass-rate evidence).
+        tally: the counters and the batch's reward sums.
+        batch: the open batch whose held groups and rounds a group joins.
+        rounds: the rounds part (the selections learn from groups; open rounds and tasks in flight close).
+    """
+
+    def __init__(self, run: Run, tasks: TaskColumns, tally: Tally, batch: OpenBatch, rounds: Rounds) -> None:
+        self.run, self.tasks, self.tally, self.batch, self.rounds = run, tasks, tally, batch, rounds
 
     def judge_name(self, group: Group) -> str:
         """The judged value of a group: ``policy.filter.judge``, with ``auto`` resolved.
@@ -42,15 +56,15 @@ class Submit:
         ``auto`` judges ``metrics["accuracy"]`` (the unshaped outcome DAPO's scorers write) when
         any rollout of the group carries it, else the reward.
         """
-        judge = self.policy.filter.judge
+        judge = self.run.policy.filter.judge
         if judge != "auto":
             return judge
         return "accuracy" if any("accuracy" in r.metrics for r in group.rollouts) else "reward"
 
-    def _judge_rows(self, group: Group) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def judge_rows(self, group: Group) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(n,) judged values by run (NaN where unusable), (n,) valid flags, and the problems found
         (:func:`orchestrator.core.validate.member_problem` of each rollout, in order)."""
-        n, bound, task = self.policy.group_size, self.policy.max_abs_reward, group.task_id
+        n, bound, task = self.run.policy.group_size, self.run.policy.max_abs_reward, group.task_id
         judge = self.judge_name(group)
         values = np.full(n, np.nan)
         valid = np.zeros(n, dtype=bool)
@@ -79,11 +93,11 @@ class Submit:
                 judged by the ``group_validity`` mode: ``reject`` refuses any problem, ``mask``
                 fewer than ``min_valid_group_size`` usable members).
         """
-        p = self.policy
+        p = self.run.policy
         n = p.group_size
         validity = p.mode("group_validity")
         check_group(g)
-        self.task_index(g.task_id)
+        self.tasks.task_index(g.task_id)
         if not g.rollouts:
             raise InvalidGroupError(f"rollouts: group of task {g.task_id!r} is empty")
         if len(g.rollouts) > n or (len(g.rollouts) < n and not validity.accepts_short):
@@ -97,15 +111,15 @@ class Submit:
         other = next((r.eid.task for r in g.rollouts if r.eid.task != g.task_id), None)
         if other is not None:
             raise InvalidGroupError(f"eid.task: experience of task {other!r} in group of task {g.task_id!r}")
-        values, valid, problems = self._judge_rows(g)
+        values, valid, problems = self.judge_rows(g)
         refusal = validity.refusal(g.task_id, int(valid.sum()), p, problems)
         if refusal is not None:
             raise InvalidGroupError(refusal)
         return values, valid
 
-    def _fill_columns(self, g: Group, values: np.ndarray, valid: np.ndarray) -> None:
+    def fill_columns(self, g: Group, values: np.ndarray, valid: np.ndarray) -> None:
         """Set a checked rollouts group's member columns (by run) from its rollouts."""
-        n = self.policy.group_size
+        n = self.run.policy.group_size
         rewards = np.full(n, np.nan)
         runs = [r.eid.run for r in g.rollouts]
         rewards[runs] = [np.nan if r.reward is None else float(r.reward) for r in g.rollouts]
@@ -116,7 +130,7 @@ class Submit:
 
     def check_table(self, table: GroupTable) -> CheckedTable:
         """:func:`orchestrator.core.table.check_table` under the current policy and task set (no state change)."""
-        return check_table(table, self.policy, self._index)
+        return check_table(table, self.run.policy, self.tasks.index)
 
     def check_groups(self, groups: list[Group]) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`_check_group` of each group (no state change): their (n,) judged values and valid flags.
@@ -179,9 +193,9 @@ class Submit:
                     g.size = len(g.rollouts) if isinstance(g.rollouts, list) else 0
                 invalid.append((g, err))
                 continue
-            self._fill_columns(g, values, valid)
+            self.fill_columns(g, values, valid)
         rnd, purpose = self._count_round(new_round)
-        self._came_back([g.task_id for g in groups if isinstance(g, Group)])
+        self.rounds.came_back([g.task_id for g in groups if isinstance(g, Group)])
         for g in groups:
             if isinstance(g, Group):
                 g.purpose, g.round = purpose, rnd
@@ -197,7 +211,7 @@ class Submit:
                 if not g.valid.all():  # flagged on copies: the submitter's rollouts stay as they were
                     g.rollouts = flagged(g.rollouts, {"dso_masked": "invalid", "dso_loss_weight": 0.0},
                                          lambda r, valid=g.valid: not valid[r.eid.run] and not r.info.get("dso_masked"))
-            idx = np.fromiter(map(self._index.__getitem__, map(_TASK, accepted)), np.int64, len(accepted))
+            idx = np.fromiter(map(self.tasks.index.__getitem__, map(_TASK, accepted)), np.int64, len(accepted))
             rows = GroupRows.from_groups(accepted, idx)
             self._accept(rows)
             _consume(map(setattr, accepted, itertools.repeat("reason"), rows.reasons))
@@ -231,7 +245,7 @@ class Submit:
         if not len(rows):
             return rows
         rnd, purpose = self._count_round(new_round)
-        self._came_back(rows.task_ids)
+        self.rounds.came_back(rows.task_ids)
         num = len(rows)
         rows.purposes, rows.rounds = [purpose] * num, [rnd] * num
         if not errors:
@@ -252,34 +266,28 @@ class Submit:
     def _count_round(self, new_round: bool) -> tuple[int, Purpose]:
         """Count one submission as a round of the open batch, whoever planned it: its round
         number and purpose (``new_round=False``: the round of the previous submission)."""
-        if new_round or self.rounds_submitted == 0:
-            rnd = self.rounds_submitted
-            self.rounds_submitted += 1
+        if new_round or self.batch.rounds_submitted == 0:
+            rnd = self.batch.rounds_submitted
+            self.batch.rounds_submitted += 1
             if rnd > 0:
-                self.counters["replenish_rounds"] += 1
+                self.tally.counters["replenish_rounds"] += 1
         else:
-            rnd = self.rounds_submitted - 1
+            rnd = self.batch.rounds_submitted - 1
         return rnd, "initial" if rnd == 0 else "replenish"
-
-    def _came_back(self, task_ids: list) -> None:
-        """Tasks whose groups were submitted are no longer in flight."""
-        if self.in_flight:
-            back = {t for t in task_ids if isinstance(t, str)}
-            self.in_flight = [t for t in self.in_flight if t not in back]
 
     def _count_invalid(self, purpose: Purpose, sizes: list[int]) -> None:
         """Count groups dropped as invalid on submit (of ``sizes`` rollouts each)."""
-        c, label, size = self.counters, GroupOutcome.INVALID.label, sum(sizes)
+        c, label, size = self.tally.counters, GroupOutcome.INVALID.label, sum(sizes)
         c["groups_submitted"] += len(sizes)
         c["rollouts_initial" if purpose == "initial" else "rollouts_replenish"] += size
-        self.window["rollouts"] += size
-        self.classified_by_reason[label] += len(sizes)
+        self.tally.window["rollouts"] += size
+        self.tally.classified_by_reason[label] += len(sizes)
         self._count_dropped(size, collections.Counter({label: len(sizes)}))
 
     def _accept(self, rows: GroupRows) -> None:
         """Classify checked groups on their member columns and hold them (carry pool or
         candidates); sets ``rows.reasons``. All rows of one call share ``purpose``."""
-        f = self.policy.filter
+        f = self.run.policy.filter
         idx, raw, values, valid, all_versions = rows.task_index, rows.rewards, rows.values, rows.valid, rows.versions
         rewards = np.where(valid, raw, 0.0)
         if f.enabled:
@@ -292,20 +300,19 @@ class Submit:
             reasons = np.full(len(rows), GroupOutcome.INFORMATIVE, dtype=np.int8)
         versions = all_versions.min(axis=1)
         correct = valid & (np.nan_to_num(values, nan=-np.inf) >= f.correct_threshold)
-        self.history.update(idx, rewards, correct, reasons, versions, valid=valid)
+        self.tasks.history.update(idx, rewards, correct, reasons, versions, valid=valid)
         # the estimate predicts DAPO's informative event (0 < correct < n, Eq. 11), whatever the
         # filter kept: with the filter off every group is kept, and a band keeps fewer
         n_correct, n_valid = correct.sum(axis=1), valid.sum(axis=1)
-        self.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
-        for sel in self.selections.values():
-            sel.observe(idx, keep, reasons == GroupOutcome.ALL_CORRECT)
-        self._close_rounds(idx, keep)
-        self.model_version = max(self.model_version, int(all_versions.max()))
-        if self.policy.skip_after_all_correct or self.policy.skip_after_all_wrong:
+        self.tasks.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
+        self.rounds.observe(idx, keep, reasons == GroupOutcome.ALL_CORRECT)
+        self.rounds.close_rounds(idx, keep)
+        self.run.model_version = max(self.run.model_version, int(all_versions.max()))
+        if self.run.policy.skip_after_all_correct or self.run.policy.skip_after_all_wrong:
             self._apply_skip_rules(np.unique(idx))
-        self._touch(idx)  # the history (skip rules included) and the pass-rate evidence
+        self.tasks.touch(idx)  # the history (skip rules included) and the pass-rate evidence
 
-        c, w = self.counters, self.window
+        c, w = self.tally.counters, self.tally.window
         size = sum(rows.sizes)
         c["groups_submitted"] += len(rows)
         c["groups_kept_classified"] += int(keep.sum())
@@ -318,25 +325,25 @@ class Submit:
         rows.reasons = list(map(_LABELS.__getitem__, reasons.tolist()))
         for code, count in enumerate(np.bincount(reasons, minlength=len(_LABELS)).tolist()):
             if count:
-                self.classified_by_reason[_LABELS[code]] += count
+                self.tally.classified_by_reason[_LABELS[code]] += count
         c["rollouts_initial" if rows.purposes[0] == "initial" else "rollouts_replenish"] += size
         w["rollouts"] += size
         informative = reasons == GroupOutcome.INFORMATIVE
         if informative.all():
-            self.carry = GroupRows.concat(self.carry, rows)
+            self.batch.carry = GroupRows.concat(self.batch.carry, rows)
             return
-        self.carry = GroupRows.concat(self.carry, rows.take(informative))
+        self.batch.carry = GroupRows.concat(self.batch.carry, rows.take(informative))
         dropped = rows.take(~informative)
-        self.dropped_task_ids.extend(dropped.task_ids)
-        candidates = GroupRows.concat(self.candidates, dropped)
-        overflow = len(candidates) - self.policy.target_groups
+        self.batch.dropped_task_ids.extend(dropped.task_ids)
+        candidates = GroupRows.concat(self.batch.candidates, dropped)
+        overflow = len(candidates) - self.run.policy.target_groups
         if overflow > 0:
-            self._drop(candidates.take(slice(None, overflow)))
+            self.drop(candidates.take(slice(None, overflow)))
             candidates = candidates.take(slice(overflow, None))
-        self.candidates = candidates
+        self.batch.candidates = candidates
 
     def _apply_skip_rules(self, idx: np.ndarray) -> None:
-        p, h = self.policy, self.history
+        p, h = self.run.policy, self.tasks.history
         hit = np.zeros(len(idx), dtype=bool)
         if p.skip_after_all_correct:
             hit |= h.consec_all_correct[idx] >= p.skip_after_all_correct
@@ -345,12 +352,12 @@ class Submit:
         t = idx[hit]
         # counted from the epoch the task was drawn in (its group may come back after the order
         # entered the next epoch); a task never drawn here (groups submitted from elsewhere): now
-        drawn = self.pick_epoch[t]
-        h.skip_until_epoch[t] = np.where(drawn >= 0, drawn, self.epoch) + 1 + p.cooldown_epochs
+        drawn = self.tasks.pick_epoch[t]
+        h.skip_until_epoch[t] = np.where(drawn >= 0, drawn, self.rounds.epoch) + 1 + p.cooldown_epochs
         h.consec_all_correct[t] = 0
         h.consec_all_wrong[t] = 0
 
-    def _drop(self, rows: GroupRows) -> None:
+    def drop(self, rows: GroupRows) -> None:
         """Count held groups dropped, each under its own ``reason``, in one pass."""
         if len(rows):
             self._count_dropped(sum(rows.sizes), collections.Counter(rows.reasons))
@@ -360,18 +367,18 @@ class Submit:
         counted under ``reason``; returns how many (refs not held are ignored: idempotent)."""
         count = 0
         for name in ("carry", "candidates"):
-            rows = getattr(self, name)
+            rows = getattr(self.batch, name)
             hit = np.fromiter(map(refs.__contains__, rows.refs), bool, len(rows))
             if hit.any():
                 dropped = rows.take(hit)
                 dropped.reasons = [reason] * len(dropped)
-                self._drop(dropped)
-                setattr(self, name, rows.take(~hit))
+                self.drop(dropped)
+                setattr(self.batch, name, rows.take(~hit))
                 count += len(dropped)
         return count
 
     def _count_dropped(self, rollouts: int, by_reason: collections.Counter) -> None:
-        self.counters["groups_dropped"] += sum(by_reason.values())
-        self.counters["rollouts_wasted"] += rollouts
+        self.tally.counters["groups_dropped"] += sum(by_reason.values())
+        self.tally.counters["rollouts_wasted"] += rollouts
         for reason, count in by_reason.items():
-            self.dropped_by_reason[reason] += count
+            self.tally.dropped_by_reason[reason] += count

@@ -6,7 +6,7 @@ seeds can give the same map). A trajectory is up to ``max_steps`` turns: the mod
 grid as plain text (drawn here; the ``ansi`` render carries colour escapes) and answers one
 action word. Rewards are gymnasium's: 1 on reaching G, else 0; a hole ends the episode.
 
-The anchor state of a step is the hash (:func:`orchestrator.anchors.keys.text_hash`) of the
+The anchor state of a step is the hash (:func:`orchestrator.anchors.state_hash.text_hash`) of the
 :func:`canonical_state` it acted from: the map and the agent's cell only - never the rendered
 prompt, turn counter or history - so all n trajectories of a task share their first state (one
 anchor group of size n), and any revisit of a cell, by any trajectory of the task, lands in
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs.lockstep import BASE_INFO_KEYS, Act, EnvError, distinct_tasks, run_lockstep
 
@@ -40,7 +40,7 @@ SYSTEM_PROMPT = (
 
 def canonical_state(desc: Sequence[str], row: int, col: int) -> str:
     """The canonical text of an agent at (row, col) on map ``desc``, whose
-    :func:`~orchestrator.anchors.keys.text_hash` is the step's ``env_state_hash``.
+    :func:`~orchestrator.anchors.state_hash.text_hash` is the step's ``env_state_hash``.
 
     The map rows joined by newlines plus ``@row,col``; independent of turn number, history and
     prompt wording.

@@ -58,7 +58,7 @@ class LockstepEnv(Protocol):
 
     def state_hash(self, state: Any) -> str:
         """The ``env_state_hash`` of ``state`` (the GiGPO anchor): the environment's canonical
-        text of the state, hashed with :func:`orchestrator.anchors.keys.text_hash`."""
+        text of the state, hashed with :func:`orchestrator.anchors.state_hash.text_hash`."""
 
     def render(self, state: Any) -> str:
         """The grid text of ``state`` (``info["state_text"]``)."""

@@ -28,7 +28,7 @@ not an "invalid move" that ends the game on the second in a row; ``info["invalid
 marks only answers that are not one of the four action words (the agent stays, reward 0).
 The answer is the bare word (``up``), not textarena's bracketed ``[up]`` / ``[w]``.
 
-The anchor state of a step is the hash (:func:`orchestrator.anchors.keys.text_hash`) of the
+The anchor state of a step is the hash (:func:`orchestrator.anchors.state_hash.text_hash`) of the
 :func:`canonical_state` it acted from: the room layout (walls, floor, targets), the sorted box
 cells and the player's cell - never the rendered
 prompt, turn counter or history - so all n trajectories of a task share their first state (one
@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.core.types import Experience, Task
 from orchestrator.envs.lockstep import Act, EnvError, distinct_tasks, run_lockstep
 from orchestrator.envs.policies import engine_act, random_act
@@ -84,7 +84,7 @@ Cell = tuple[int, int]
 
 
 def canonical_state(layout: Sequence[str], boxes: Sequence[Sequence[int]], player: Sequence[int]) -> str:
-    """The canonical text of a Sokoban state, whose :func:`~orchestrator.anchors.keys.text_hash`
+    """The canonical text of a Sokoban state, whose :func:`~orchestrator.anchors.state_hash.text_hash`
     is the step's ``env_state_hash``.
 
     Args:

@@ -10,32 +10,37 @@ Find it by name from any driver or Trinity component::
     actor = ray.get_actor("dso-orchestrator", namespace="trinity-dso")
 
 Anchor index (GiGPO): created with ``anchor_index={"redis_url": ..., "prefix": ...,
-"ttl_s": ..., "max_age_versions": ...}``, the actor runs the index's lifecycle, inherited from
-:class:`~orchestrator.anchors.owner.AnchorLifecycle` (``anchor_spec``, ``anchor_register``,
+"ttl_s": ..., "max_age_versions": ...}``, the actor runs the index's lifecycle through its
+:class:`~orchestrator.service.anchor_watch.AnchorWatch` part (``anchor_spec``, ``anchor_register``,
 ``anchor_stats``, ``anchor_drop``, ``anchor_expire``; version-based expiry; its checkpoint
 part). Workers write and query the index itself, opened with
 :func:`orchestrator.anchors.owner.orchestrator_anchor_index` (Redis, or the memory index's
 own Ray actor ``<name>-anchors``).
 
 Where things live: this module is the Ray shell (the public calls, the lock, the factory
-:func:`get_or_create_orchestrator`); :class:`Orchestrator` is composed of parts, one job each:
+:func:`get_or_create_orchestrator`); :class:`Orchestrator` is composed of parts, one job each,
+each given in its constructor the state and the parts it reads (no part reads another's
+attributes through ``self``):
 
-- :mod:`orchestrator.service.submit`: groups in (list and table routes, keys, slices, rolling a round);
-- :mod:`orchestrator.service.batches`: batches out (ready queue, hand-out, ``next_batch``, end of data);
-- :mod:`orchestrator.service.persist`: commits (prepare, write, roll back, load, the retry window);
-- :mod:`orchestrator.service.attachment`: the attached run, pinned fields and policy writes;
-- :mod:`orchestrator.service.anchor_watch`: the anchor index's Redis executor and health watch;
+- :class:`~orchestrator.service.submit.Submission`: groups in (list and table routes, keys, slices, rolling a round);
+- :class:`~orchestrator.service.batches.ReadyBatches`: released batches, ready to hand out;
+- :class:`~orchestrator.service.batches.BatchHandOut`: batches out (hand-out, ``next_batch``, end of data);
+- :class:`~orchestrator.service.persist.Ledger`: group keys accepted and calls answered (the retry window);
+- :class:`~orchestrator.service.persist.Persistence`: commits (prepare, write, roll back, load);
+- :class:`~orchestrator.service.attachment.Attachment`: the attached run, pinned fields and policy writes;
+- :class:`~orchestrator.service.anchor_watch.AnchorWatch`: the anchor index, its Redis executor and health watch;
+- :class:`ErrorLog`: failures by kind, and the last one;
 - :mod:`orchestrator.service.names`: names, limits and error types others import without the actor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import logging
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +48,7 @@ import numpy as np
 import ray
 
 from algos.dapo import InvalidGroupError
-from orchestrator.anchors.index import AnchorIndexError
-from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
+from orchestrator.anchors.owner import AnchorIndexConfig
 from orchestrator.core.machine import OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.outcomes import GroupOutcome
 from orchestrator.core.passrate import task_tags
@@ -52,9 +56,9 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
 from orchestrator.rollout.source import RolloutSource
-from orchestrator.service.anchor_watch import REDIS_TIMEOUT_S, REDIS_WAIT_S, AnchorWatch
-from orchestrator.service.attachment import Attachment, check_source
-from orchestrator.service.batches import BatchHandOut
+from orchestrator.service.anchor_watch import REDIS_WAIT_S, AnchorWatch
+from orchestrator.service.attachment import Attachment, check_source, policy_view
+from orchestrator.service.batches import BatchHandOut, ReadyBatches
 from orchestrator.service.commits import SharedCommits
 from orchestrator.service.logs import enable_service_logging
 from orchestrator.service.metrics import ERROR_KINDS, DSOMetrics
@@ -68,10 +72,10 @@ from orchestrator.service.names import (  # noqa: F401 - re-exported: importers 
     PolicyConflictError,
     RunConflictError,
 )
-from orchestrator.service.persist import Persistence
+from orchestrator.service.persist import Ledger, Persistence
 from orchestrator.service.sink import BatchSink, SQLiteSink
 from orchestrator.service.store import StateStore
-from orchestrator.service.submit import COMMIT_ROLLOUTS, SLICE_ROLLOUTS, Submission  # noqa: F401 - named in docstrings
+from orchestrator.service.submit import COMMIT_ROLLOUTS, SLICE_ROLLOUTS, Submission, held_refs  # noqa: F401 - named in docstrings
 
 log = logging.getLogger("trinity_dso.actor")
 
@@ -79,7 +83,7 @@ ANCHOR_GROUP = "anchor_index"
 """Ray concurrency group of the anchor-index lifecycle calls (one thread, off the event loop)."""
 
 
-class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatch):
+class Orchestrator:
     """Actor body (also usable in-process). Ray wraps it as :data:`OrchestratorActor`.
 
     Args:
@@ -130,59 +134,32 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         enable_service_logging()
         if not isinstance(retry_window, int) or isinstance(retry_window, bool) or retry_window < 1:
             raise ValueError(f"retry_window: must be an int of at least 1, got {retry_window!r}")
-        self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_source(policy, rollout_source)
-        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
-        self.task_set = task_set
-        self.rollout_source = rollout_source
-        self.sink = sink
+        core = self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
         self.metrics = metrics
-        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
-        self.ready: list[Batch] = []
-        self._batch_started: float | None = None
         self.training: dict = {}  # the last report_training row
-        # the Trinity run this orchestrator serves (attach_run): run id, pinned policy fields, sessions
-        self.attachment: dict[str, Any] = {}
-        self._lock = asyncio.Lock()
-        # every change is counted (commits.changed) and each call answers once it is written
-        self.commits = SharedCommits(self._prepare, self._rollback)
-        # what the next commit writes (see _prepare)
-        self._seen: dict[str, str] = {}  # filter label of the last retry_window group keys accepted
-        self._seen_order: deque[str] = deque()  # those keys, oldest first
-        self._stored: set[str] = set()  # keys of the held groups whose payload is in the store
-        self._new_seen: dict[str, str] = {}
-        self._new_batches: list[Batch] = []
-        self._handed: list[int] = []
-        # the last submit_and_pop call with an id that handed out batches, and those batches
-        # (committed); _new_call: set by a call, written by the next commit
-        self._last_call: tuple[str, list[Batch]] | None = None
-        self._new_call: tuple[str, list[Batch]] | None = None
-        self._tasks_call: tuple[str, list[str]] | None = None  # the last next_tasks call with an id, and its tasks
-        self._loop: asyncio.AbstractEventLoop | None = None  # the actor's event loop, once an async call ran
-        self._watch: asyncio.Task | None = None
-        self._anchor_up: bool | None = None
-        self._anchor_outages = 0
-        self._anchor_guard: str | None = None
-        self._anchor_lost: dict[str, None] = {}  # batch keys lost with Redis's data (oldest first)
-        self._redis_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._redis_busy: set[str] = set()  # background Redis jobs queued or running, by name
-        self.errors: Counter[str] = Counter({k: 0 for k in ERROR_KINDS})
-        self.last_error: dict | None = None
+        self.errors = ErrorLog(metrics)
+        lock = self._lock = asyncio.Lock()
+        # every change is counted (commits.changed) and each call answers once it is written; what
+        # a commit writes is prepared by the persistence part, made below
+        commits = self.commits = SharedCommits(lambda: self.persistence.prepare(), lambda: self.persistence.rollback())
         if metrics is not None and hasattr(metrics, "registry"):
             metrics.registry  # noqa: B018 - built now, once (never lazily from several threads)
-        super().__init__(anchor_index, version=lambda: self.core.model_version, metrics=metrics,
-                         on_change=self._anchor_changed)
-        if (index := self._anchor_redis()) is not None:  # the actor's own client: fast timeouts
-            index.socket_timeout, index.read_retries = REDIS_TIMEOUT_S, 1
-        self.store: StateStore | None = None
-        if isinstance(sink, SQLiteSink):
-            self.store = StateStore(sink.path, sink=sink, keep_keys=retry_window)
-            if self.checkpoint_path is not None and self.checkpoint_path.resolve() != sink.path.resolve():
-                log.warning("checkpoint_path %s unused: the state is kept in the sink's file %s", self.checkpoint_path, sink.path)
-        elif self.checkpoint_path is not None:
-            self.store = StateStore(self.checkpoint_path, keep_keys=retry_window)
-        self._load()
+        self.anchors = AnchorWatch(anchor_index, version=lambda: core.model_version, metrics=metrics, commits=commits,
+                                   record_error=self.errors.record)
+        self.ledger = Ledger(retry_window)
+        self.ready = ReadyBatches(commits, self._observe)
+        self.attachment = Attachment(core, ledger=self.ledger, rollout_source=rollout_source, observe=self._observe)
+        self.submission = Submission(core, lock=lock, commits=commits, ready=self.ready, ledger=self.ledger,
+                                     rollout_source=rollout_source, observe=self._observe)
+        self.handout = BatchHandOut(core, lock=lock, commits=commits, ready=self.ready, ledger=self.ledger,
+                                    submission=self.submission, task_set=task_set, rollout_source=rollout_source,
+                                    observe=self._observe)
+        self.store = _state_store(sink, Path(checkpoint_path) if checkpoint_path else None, retry_window)
+        self.persistence = Persistence(core, self.store, sink, ledger=self.ledger, ready=self.ready, attachment=self.attachment,
+                                       anchors=self.anchors, record_error=self.errors.record)
+        self.persistence.load()
         self._observe()
         _freeze_startup_heap()
 
@@ -192,7 +169,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         histograms. The counters and gauges are brought up to the core's stats when scraped
         (:meth:`metrics_text`), not after every call: they are cumulative, so a scrape reads
         exactly what a per-call update would have set."""
-        self._anchor_in_background(self._anchor_auto_expire)
+        self.anchors.expire_in_background()
         if self.metrics is not None and batch is not None:
             self.metrics.observe_batch(batch)
 
@@ -224,7 +201,8 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             InvalidGroupError, UnknownTaskError: under ``"raise"``, nothing is accepted (see
                 ``OrchestratorCore.submit``).
         """
-        return (await self._submit_call(groups, on_invalid, pop=False, call_id=call_id))[0]
+        self.anchors.start_watch()
+        return (await self.submission.call(groups, on_invalid, pop=False, call_id=call_id))[0]
 
     async def submit_and_pop(
         self, groups: list[Group] | GroupTable, on_invalid: str = "raise", call_id: str | None = None,
@@ -251,7 +229,8 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         Raises:
             see :meth:`submit_groups` (nothing is accepted or handed out).
         """
-        return await self._submit_call(groups, on_invalid, pop=True, call_id=call_id, held=held)
+        self.anchors.start_watch()
+        return await self.submission.call(groups, on_invalid, pop=True, call_id=call_id, held=held)
 
     async def submit_experiences(
         self, experiences: list[Experience], model_version: int = 0, call_id: str | None = None
@@ -302,11 +281,10 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         selector per orchestrator).
         """
         async with self._lock:
-            if call_id is not None and self._tasks_call is not None and self._tasks_call[0] == call_id:
-                return list(self._tasks_call[1])
+            if (again := self.ledger.tasks_answered(call_id)) is not None:
+                return again
             tasks = self.core.next_tasks(count)
-            if call_id is not None:
-                self._tasks_call = (call_id, list(tasks))
+            self.ledger.remember_tasks(call_id, tasks)
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return tasks
@@ -342,7 +320,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             InvalidPolicyError: a pinned value is invalid, or ``group_size`` differs while groups are held.
         """
         async with self._lock:
-            out = self._attach_run(run, session, role, num_tasks, pinned, pinned_by)
+            out = self.attachment.attach_run(run, session, role, num_tasks, pinned, pinned_by)
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return out
@@ -351,7 +329,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
     def held_refs(self) -> list[str]:
         """The ``ref`` of every group held (carry pool and padding candidates), for a submitter
         that keeps the payloads (the Trinity operator frees the others)."""
-        return [ref for ref in self.core.carry.refs + self.core.candidates.refs if ref]
+        return held_refs(self.core)
 
     @ray.method(max_task_retries=RETRIES)
     async def drop_held(self, refs: list[str]) -> int:
@@ -367,13 +345,13 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
 
     def attachment_info(self) -> dict:
         """The attached run, its pinned policy fields and their reason (``{}`` when none)."""
-        return dict(self.attachment)
+        return dict(self.attachment.info)
 
     # ------------------------------------------------------------- policy & views
     @ray.method(max_task_retries=RETRIES)
     def get_policy(self) -> dict:
         """``{"revision": int, "policy": dict}``."""
-        return {"revision": self.core.policy_revision, "policy": self.core.policy.model_dump(mode="json")}
+        return policy_view(self.core)
 
     async def set_policy(self, changes: dict, expected_revision: int | None = None, replace: bool = False) -> dict:
         """Change the resampling policy; applies from the next round.
@@ -386,7 +364,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             InvalidPolicyError: invalid values (field and value named); the policy is unchanged.
         """
         async with self._lock:
-            out = self._set_policy(changes, expected_revision, replace)
+            out = self.attachment.set_policy(changes, expected_revision, replace)
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return out
@@ -395,15 +373,13 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
     async def set_model_version(self, version: int) -> None:
         """The trainer's model version (after a weight sync); returns once it is committed."""
         await self._committed(lambda: self.core.set_model_version(version))
-        self._anchor_in_background(self._anchor_auto_expire)
+        self.anchors.expire_in_background()
 
     @ray.method(max_task_retries=RETRIES)
     def get_stats(self) -> Stats:
-        self._start_watch()
+        self.anchors.start_watch()
         stats = self.core.stats()
-        update: dict[str, Any] = {"errors": dict(self.errors), "last_error": self.last_error}
-        if self._anchor_redis() is not None:
-            update.update(anchor_index_up=self._anchor_up, anchor_index_outages=self._anchor_outages)
+        update: dict[str, Any] = {"errors": dict(self.errors.counts), "last_error": self.errors.last, **self.anchors.health()}
         return stats.model_copy(update=update)
 
     def report_error(self, kind: str, message: str, step: Any = None) -> None:
@@ -411,15 +387,7 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         counted in ``dso_errors_total{kind}`` and kept as the last error (``GET /v1/stats``,
         ``trinity-dso status``). ``kind``: one of :data:`ERROR_KINDS` (else ``operator``);
         ``step``: the explore step, when known."""
-        self._record_error(kind if kind in ERROR_KINDS else "operator", str(message)[:2000], step)
-
-    def _record_error(self, kind: str, message: str, step: Any = None) -> None:
-        self.errors[kind] += 1
-        self.last_error = {"time": time.time(), "kind": kind, "message": message,
-                           "step": None if step is None else str(step)}
-        count = getattr(self.metrics, "count_error", None)
-        if count is not None:
-            count(kind)
+        self.errors.record(kind if kind in ERROR_KINDS else "operator", str(message)[:2000], step)
 
     def report_training(self, step: int, metrics: dict) -> None:
         """A trainer's step metrics (entropy, clip fractions, KL, rewards, held-out accuracy,
@@ -437,10 +405,10 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         return self.core.task_stats(task_id)
 
     def state_dict(self) -> dict:
-        return {**self.core.state_dict(payloads=False), "attachment": dict(self.attachment)}
+        return {**self.core.state_dict(payloads=False), **self.attachment.state_dict()}
 
     def ping(self) -> str:
-        self._start_watch()
+        self.anchors.start_watch()
         return "ok"
 
     @ray.method(max_task_retries=RETRIES)
@@ -452,15 +420,11 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         :meth:`AnchorIndex.stats` call, in a worker thread; a failure is logged and counted,
         never raised).
         """
-        self._start_watch()
+        self.anchors.start_watch()
         if self.metrics is None:
             return ""
         self.metrics.update(self.core.stats(), self.core.policy)
-        if self.anchor is not None:  # Redis-bound: its own executor, a bounded wait (the gauge may lag)
-            try:
-                await self._on_redis_pool("stats", self._anchor_refresh_metrics, wait_s=REDIS_WAIT_S / 8)
-            except (TimeoutError, RuntimeError):
-                pass
+        await self.anchors.refresh_metrics(wait_s=REDIS_WAIT_S / 8)  # Redis-bound: a bounded wait (the gauge may lag)
         return self.metrics.exposition()
 
     # ------------------------------------------------------------- anchor index (Redis side: anchor_watch.py)
@@ -468,52 +432,92 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
     # their own in the Ray actor), not on the event loop.
     @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_stats(self) -> dict:
-        """:meth:`AnchorLifecycle.anchor_stats` plus ``up`` (Redis health, None before the first
-        check or without Redis) and ``outages``."""
-        return {**AnchorLifecycle.anchor_stats(self), "up": self._anchor_up, "outages": self._anchor_outages}
+        """:meth:`AnchorWatch.anchor_stats`: the index's stats, Redis's health and outages."""
+        return self.anchors.anchor_stats()
 
     @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_drop(self, batch_key: str) -> int:
         """:meth:`AnchorLifecycle.anchor_drop` (off the event loop)."""
-        return AnchorLifecycle.anchor_drop(self, batch_key)
+        return self.anchors.anchor_drop(batch_key)
 
     @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_expire(self, max_age_versions: int | None = None) -> list[str]:
         """:meth:`AnchorLifecycle.anchor_expire` (off the event loop)."""
-        return AnchorLifecycle.anchor_expire(self, max_age_versions)
+        return self.anchors.anchor_expire(max_age_versions)
 
     def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
-        """:meth:`AnchorLifecycle.anchor_register`; starts the Redis health check.
+        """:meth:`AnchorWatch.anchor_register`: record a batch key in use; starts the Redis health check.
 
         Raises:
-            AnchorBatchLostError: ``batch_key`` was registered before Redis lost its data (the
-                run's guard changed since): it can never be restarted, from any of its runs;
-                its groups need a new batch key.
+            AnchorBatchLostError: ``batch_key`` was lost with Redis's data (refused for good).
+            AnchorBatchExpiredError: ``batch_key`` was expired by version.
         """
-        self._start_watch()
-        if batch_key in self._anchor_lost:
-            raise AnchorBatchLostError(
-                f"anchor_register: batch {batch_key!r} was lost with the anchor index's data (Redis restarted empty "
-                "or was flushed after it was registered); it is refused for good, so that no worker restarts it from "
-                "a fraction of its runs: write its groups under a new batch key"
-            )
-        return AnchorLifecycle.anchor_register(self, batch_key, model_version)
+        return self.anchors.anchor_register(batch_key, model_version)
 
     @ray.method(concurrency_group=ANCHOR_GROUP)
     def anchor_spec(self) -> dict:
-        """:meth:`AnchorLifecycle.anchor_spec`, with the run's Redis guard token (set now when
-        not yet known and Redis answers): workers then refuse batches lost with Redis's data."""
-        spec = AnchorLifecycle.anchor_spec(self)
-        index = self._anchor_redis()
-        if index is not None and self._anchor_guard is None:
-            try:
-                self._anchor_guard, _ = index.ensure_guard(None)
-                self._anchor_changed()
-            except AnchorIndexError as exc:
-                log.warning("anchor index (Redis) guard not set (workers get no guard): %s", exc)
-        if index is not None and self._anchor_guard is not None:
-            spec["guard"] = self._anchor_guard
-        return spec
+        """:meth:`AnchorWatch.anchor_spec`: what a worker needs to open the index, with the run's guard."""
+        return self.anchors.anchor_spec()
+
+    # ------------------------------------------------------------- batches out (batches.py)
+    async def next_batch(self, timeout_s: float | None = None, call_id: str | None = None) -> Batch | None:
+        """:meth:`BatchHandOut.next_batch`: fill and return the next batch through the rollout source."""
+        self.anchors.start_watch()
+        return await self.handout.next_batch(timeout_s, call_id)
+
+    async def pop_batch(self, call_id: str | None = None) -> Batch | None:
+        """:meth:`BatchHandOut.pop_batch`: the oldest released batch not yet handed out, if any."""
+        return await self.handout.pop_batch(call_id)
+
+    async def finish_batch(self, call_id: str | None = None) -> Batch:
+        """:meth:`BatchHandOut.finish_batch`: at the end of data, the kept groups as the last batch."""
+        return await self.handout.finish_batch(call_id)
+
+    async def close_batch(self, call_id: str | None = None) -> Batch | None:
+        """:meth:`BatchHandOut.close_batch`: close the open batch now as the cap would."""
+        return await self.handout.close_batch(call_id)
+
+    async def _committed(self, change: Callable[[], Any]) -> Any:
+        """``change()`` under the lock, returned once a commit covers it."""
+        async with self._lock:
+            out = change()
+            mine = self.commits.changed()
+        await self.commits.durable(mine)
+        return out
+
+
+class ErrorLog:
+    """Failures counted by kind, and the last one (``GET /v1/stats``, ``trinity-dso status``).
+
+    Args:
+        metrics: optional; its ``count_error(kind)`` is called for each failure.
+    Attributes:
+        counts: failures per kind (every kind of :data:`ERROR_KINDS` seeded to 0).
+        last: ``{"time", "kind", "message", "step"}`` of the last failure, or None.
+    """
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self.counts: Counter[str] = Counter({k: 0 for k in ERROR_KINDS})
+        self.last: dict | None = None
+
+    def record(self, kind: str, message: str, step: Any = None) -> None:
+        self.counts[kind] += 1
+        self.last = {"time": time.time(), "kind": kind, "message": message, "step": None if step is None else str(step)}
+        count = getattr(self.metrics, "count_error", None)
+        if count is not None:
+            count(kind)
+
+
+def _state_store(sink: BatchSink | None, checkpoint_path: Path | None, retry_window: int) -> StateStore | None:
+    """The actor's state file: the SQLite sink's own file when there is one, else ``checkpoint_path`` (or none)."""
+    if isinstance(sink, SQLiteSink):
+        if checkpoint_path is not None and checkpoint_path.resolve() != sink.path.resolve():
+            log.warning("checkpoint_path %s unused: the state is kept in the sink's file %s", checkpoint_path, sink.path)
+        return StateStore(sink.path, sink=sink, keep_keys=retry_window)
+    if checkpoint_path is not None:
+        return StateStore(checkpoint_path, keep_keys=retry_window)
+    return None
 
 
 OrchestratorActor = ray.remote(num_cpus=0, max_restarts=-1, concurrency_groups={ANCHOR_GROUP: 1})(Orchestrator)

@@ -1,5 +1,5 @@
-"""The anchor index's Redis side of the orchestrator actor: :class:`AnchorWatch`, a part of
-:class:`orchestrator.service.actor.Orchestrator`.
+"""The anchor index of the orchestrator actor: :class:`AnchorWatch`, a part of
+:class:`orchestrator.service.actor.Orchestrator` (its lifecycle, with Redis kept off the event loop).
 
 Every call that may reach Redis (stats, drop, expiry, health) runs in a worker thread, on an
 executor of its own (:data:`REDIS_THREADS` threads), so a hung or dead Redis (socket timeouts,
@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.anchors.index import AnchorIndexError
-from orchestrator.anchors.owner import AnchorLifecycle
+from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
 from orchestrator.anchors.redis_index import RedisAnchorIndex
+from orchestrator.service.commits import SharedCommits
 
 log = logging.getLogger("trinity_dso.actor")
 
@@ -39,11 +41,116 @@ LOST_KEYS = 100_000
 
 class AnchorWatch(AnchorLifecycle):
     """The anchor index lifecycle (:class:`~orchestrator.anchors.owner.AnchorLifecycle`) with
-    Redis kept off the actor's event loop, and its health watch. Mixed into
-    :class:`~orchestrator.service.actor.Orchestrator`, whose attributes (``commits``,
-    ``metrics``, ``_record_error`` and the ``_anchor_*`` / ``_redis_*`` fields) it uses."""
+    Redis kept off the actor's event loop, and its health watch.
 
-    def _anchor_redis(self) -> RedisAnchorIndex | None:
+    Args:
+        config, version, metrics: as for :class:`~orchestrator.anchors.owner.AnchorLifecycle`
+            (``metrics`` also gets ``set_anchor_index_up``).
+        commits: the actor's commits (a change of the tracked keys or of the guard is committed).
+        record_error: ``record_error(kind, message)``, called when a background job or the watch fails.
+    Attributes:
+        up: whether Redis answered the last health check (None before one, or without Redis).
+        outages: how often Redis went down since start.
+        guard: the run's guard token in Redis (checkpointed), None before it is set.
+        lost: batch keys lost with Redis's data, oldest first (checkpointed; refused by
+            :meth:`anchor_register`).
+    """
+
+    def __init__(
+        self,
+        config: AnchorIndexConfig | dict | None,
+        *,
+        version: Callable[[], int],
+        metrics: Any,
+        commits: SharedCommits,
+        record_error: Callable[[str, str], None],
+    ) -> None:
+        self.commits, self.metrics, self.record_error = commits, metrics, record_error
+        self.up: bool | None = None
+        self.outages = 0
+        self.guard: str | None = None
+        self.lost: dict[str, None] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the actor's event loop, once an async call ran
+        self._watch: asyncio.Task | None = None
+        self._redis_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._redis_busy: set[str] = set()  # background Redis jobs queued or running, by name
+        super().__init__(config, version=version, metrics=metrics, on_change=self._anchor_changed)
+        if (index := self.redis()) is not None:  # the actor's own client: fast timeouts
+            index.socket_timeout, index.read_retries = REDIS_TIMEOUT_S, 1
+
+    def state_dict(self) -> dict:
+        """The tracked keys (:meth:`~orchestrator.anchors.owner.AnchorLifecycle._anchor_state_dict`),
+        the guard and the lost keys, merged into the actor's checkpoint at its top level."""
+        state = self._anchor_state_dict()
+        if self.guard is not None:
+            state["anchor_guard"] = self.guard
+        if self.lost:
+            state["anchor_lost"] = list(self.lost)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self._anchor_load_state_dict(state)
+        self.guard = state.get("anchor_guard")
+        self.lost = dict.fromkeys(state.get("anchor_lost") or ())
+
+    def health(self) -> dict:
+        """``{"anchor_index_up", "anchor_index_outages"}`` with Redis, else ``{}`` (for the stats)."""
+        if self.redis() is None:
+            return {}
+        return {"anchor_index_up": self.up, "anchor_index_outages": self.outages}
+
+    def expire_in_background(self) -> None:
+        """Version-based expiry (:meth:`~orchestrator.anchors.owner.AnchorLifecycle._anchor_auto_expire`), off the loop."""
+        self.in_background(self._anchor_auto_expire)
+
+    async def refresh_metrics(self, wait_s: float) -> None:
+        """The index's gauges (one :meth:`anchor_stats` on the Redis executor), waiting at most
+        ``wait_s``; a timeout or a job still running leaves them as they were."""
+        if self.anchor is None:
+            return
+        try:
+            await self.on_redis_pool("stats", self._anchor_refresh_metrics, wait_s=wait_s)
+        except (TimeoutError, RuntimeError):
+            pass
+
+    def anchor_stats(self) -> dict:
+        """:meth:`AnchorLifecycle.anchor_stats` plus ``up`` (Redis health, None before the first
+        check or without Redis) and ``outages``."""
+        return {**super().anchor_stats(), "up": self.up, "outages": self.outages}
+
+    def anchor_register(self, batch_key: str, model_version: int | None = None) -> int:
+        """:meth:`AnchorLifecycle.anchor_register`; starts the Redis health check.
+
+        Raises:
+            AnchorBatchLostError: ``batch_key`` was registered before Redis lost its data (the
+                run's guard changed since): it can never be restarted, from any of its runs;
+                its groups need a new batch key.
+        """
+        self.start_watch()
+        if batch_key in self.lost:
+            raise AnchorBatchLostError(
+                f"anchor_register: batch {batch_key!r} was lost with the anchor index's data (Redis restarted empty "
+                "or was flushed after it was registered); it is refused for good, so that no worker restarts it from "
+                "a fraction of its runs: write its groups under a new batch key"
+            )
+        return super().anchor_register(batch_key, model_version)
+
+    def anchor_spec(self) -> dict:
+        """:meth:`AnchorLifecycle.anchor_spec`, with the run's Redis guard token (set now when
+        not yet known and Redis answers): workers then refuse batches lost with Redis's data."""
+        spec = super().anchor_spec()
+        index = self.redis()
+        if index is not None and self.guard is None:
+            try:
+                self.guard, _ = index.ensure_guard(None)
+                self._anchor_changed()
+            except AnchorIndexError as exc:
+                log.warning("anchor index (Redis) guard not set (workers get no guard): %s", exc)
+        if index is not None and self.guard is not None:
+            spec["guard"] = self.guard
+        return spec
+
+    def redis(self) -> RedisAnchorIndex | None:
         return self.anchor if isinstance(self.anchor, RedisAnchorIndex) else None
 
     def _anchor_changed(self) -> None:
@@ -54,7 +161,7 @@ class AnchorWatch(AnchorLifecycle):
         else:
             self.commits.commit()
 
-    def _on_redis_pool(self, name: str, fn: Any, *args: Any, wait_s: float | None = None) -> Any:
+    def on_redis_pool(self, name: str, fn: Any, *args: Any, wait_s: float | None = None) -> Any:
         """``fn(*args)`` on the actor's Redis executor (:data:`REDIS_THREADS` threads of its own):
         awaitable, waiting at most ``wait_s`` (``asyncio.TimeoutError`` then; the job runs on).
         One job per ``name`` at a time: while one is queued or running, ``RuntimeError`` (a hung
@@ -68,7 +175,7 @@ class AnchorWatch(AnchorLifecycle):
         future.add_done_callback(lambda _: self._redis_busy.discard(name))
         return asyncio.wait_for(asyncio.wrap_future(future), wait_s)
 
-    def _anchor_in_background(self, fn: Any) -> None:
+    def in_background(self, fn: Any) -> None:
         """``fn()`` in a worker thread when the event loop runs (else here, e.g. in-process use):
         with Redis on the Redis executor, skipped while the last such job is still running (it
         may outlive an ``asyncio.run`` of the call that started it)."""
@@ -80,11 +187,11 @@ class AnchorWatch(AnchorLifecycle):
             fn()
             return
         self._loop = loop
-        if self._anchor_redis() is None:  # the memory index: no Redis to hang on
+        if self.redis() is None:  # the memory index: no Redis to hang on
             loop.run_in_executor(None, fn)
             return
         try:
-            job = self._on_redis_pool(getattr(fn, "__name__", "job"), fn)
+            job = self.on_redis_pool(getattr(fn, "__name__", "job"), fn)
         except RuntimeError:
             return
         loop.create_task(self._quietly(job))
@@ -94,11 +201,11 @@ class AnchorWatch(AnchorLifecycle):
             await job
         except Exception as exc:  # noqa: BLE001 - a background job's failure is logged and counted
             log.warning("anchor index background job failed: %s", exc)
-            self._record_error("anchor_index", str(exc))
+            self.record_error("anchor_index", str(exc))
 
-    def _start_watch(self) -> None:
+    def start_watch(self) -> None:
         """Start the Redis health check once an event loop runs (idempotent)."""
-        if self._anchor_redis() is None or self._watch is not None:
+        if self.redis() is None or self._watch is not None:
             return
         try:
             self._loop = asyncio.get_running_loop()
@@ -113,7 +220,7 @@ class AnchorWatch(AnchorLifecycle):
         A check not answered within :data:`REDIS_WAIT_S` reports the index down (a hung Redis is
         down within a few seconds). Any other failure is logged and counted
         (``dso_errors_total{kind="health_watch"}``), and the watch goes on."""
-        index = self._anchor_redis()
+        index = self.redis()
         assert index is not None
         while True:
             up = None
@@ -121,38 +228,38 @@ class AnchorWatch(AnchorLifecycle):
                 up = await self._check_anchor_index(index)
             except Exception as exc:  # noqa: BLE001 - the watch never dies
                 log.exception("anchor index health check failed unexpectedly (the check goes on)")
-                self._record_error("health_watch", f"{type(exc).__name__}: {exc}")
+                self.record_error("health_watch", f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(up_every_s if up else down_every_s)
 
     async def _check_anchor_index(self, index: RedisAnchorIndex) -> bool:
         """One health check (see :meth:`_watch_anchor_index`); returns whether Redis is up."""
         def check() -> tuple[str, bool]:
             index.ping()
-            return index.ensure_guard(self._anchor_guard)
+            return index.ensure_guard(self.guard)
 
         try:
-            guard, lost = await self._on_redis_pool("health", check, wait_s=REDIS_WAIT_S)
+            guard, lost = await self.on_redis_pool("health", check, wait_s=REDIS_WAIT_S)
             up = True
         except (AnchorIndexError, TimeoutError, RuntimeError) as exc:  # refused, timed out, or the last check still hangs
-            if self._anchor_up is not False:
+            if self.up is not False:
                 log.warning("anchor index (Redis) is down: %s", exc or type(exc).__name__)
             up = False
         if up:
             if lost:
                 log.warning("anchor index (Redis) lost its data (guard %s gone): forgetting %d tracked batches %s "
-                            "(refused from now on)", self._anchor_guard, len(self._anchor_batches), sorted(self._anchor_batches))
-                self._anchor_lost.update(dict.fromkeys(self._anchor_batches))
-                while len(self._anchor_lost) > LOST_KEYS:
-                    del self._anchor_lost[next(iter(self._anchor_lost))]
+                            "(refused from now on)", self.guard, len(self._anchor_batches), sorted(self._anchor_batches))
+                self.lost.update(dict.fromkeys(self._anchor_batches))
+                while len(self.lost) > LOST_KEYS:
+                    del self.lost[next(iter(self.lost))]
                 self._anchor_batches.clear()
-            if self._anchor_up is False:
+            if self.up is False:
                 log.warning("anchor index (Redis) is back")
-            if guard != self._anchor_guard or lost:
-                self._anchor_guard = guard
+            if guard != self.guard or lost:
+                self.guard = guard
                 await self.commits.durable(self.commits.changed())
-        if self._anchor_up is True and not up:
-            self._anchor_outages += 1
-        self._anchor_up = up
+        if self.up is True and not up:
+            self.outages += 1
+        self.up = up
         if self.metrics is not None:
             self.metrics.set_anchor_index_up(up)
         return up

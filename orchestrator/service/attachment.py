@@ -11,10 +11,13 @@ later policy writes; every policy write is checked here (:func:`check_source` in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.policy import InvalidPolicyError, ResamplingPolicy
 from orchestrator.service.names import PinnedPolicyError, PolicyConflictError, RunConflictError
+from orchestrator.service.persist import Ledger
 
 log = logging.getLogger("trinity_dso.actor")
 
@@ -44,14 +47,38 @@ def check_source(policy: ResamplingPolicy, rollout_source: Any) -> None:
         )
 
 
-class Attachment:
-    """Attach a run, pin its fields, write the policy. Mixed into
-    :class:`~orchestrator.service.actor.Orchestrator`, whose attributes (``core``,
-    ``attachment``, ``rollout_source``, ``_last_call``, ``_observe``, ``get_policy``) it uses."""
+def policy_view(core: OrchestratorCore) -> dict:
+    """``{"revision": int, "policy": dict}``: the core's policy as the actor's ``get_policy`` answers it."""
+    return {"revision": core.policy_revision, "policy": core.policy.model_dump(mode="json")}
 
-    def _attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
+
+class Attachment:
+    """Attach a run, pin its fields, write the policy.
+
+    Args:
+        core: the state machine (its policy is written here).
+        ledger: the retry window's last call (:class:`~orchestrator.service.persist.Ledger`),
+            named as unconfirmed when the operator restarts.
+        rollout_source: what the policy is checked against (:func:`check_source`).
+        observe: ``observe()``, called after a policy change (the actor's background jobs).
+    Attributes:
+        info: the attached run: ``run``, ``pinned``, ``pinned_by``, ``selector_session``,
+            ``operator_session``, ``unconfirmed`` (``{}`` before any attach); checkpointed.
+    """
+
+    def __init__(self, core: OrchestratorCore, *, ledger: Ledger, rollout_source: Any, observe: Callable[[], None]) -> None:
+        self.core, self.ledger, self.rollout_source, self.observe = core, ledger, rollout_source, observe
+        self.info: dict[str, Any] = {}
+
+    def state_dict(self) -> dict:
+        return {"attachment": dict(self.info)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.info = dict(state.get("attachment") or {})
+
+    def attach_run(self, run: str, session: str, role: str, num_tasks: int | None, pinned: dict | None,
                     pinned_by: str) -> dict:
-        bound = self.attachment.get("run")
+        bound = self.info.get("run")
         if bound is not None and bound != run:
             raise RunConflictError(
                 f"run: orchestrator serves run {bound!r}; run {run!r} must use its own actor_name "
@@ -64,38 +91,38 @@ class Attachment:
             )
         pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
         changes = {k: v for k, v in pinned.items() if getattr(self.core.policy, k) != v}
-        self.attachment.update(run=run, pinned=pinned, pinned_by=pinned_by)
+        self.info.update(run=run, pinned=pinned, pinned_by=pinned_by)
         if changes:
             self._apply_policy(self.core.policy.updated(changes), changes)
         requeued: list[str] = []
-        if role == "selector" and self.attachment.get("selector_session") != session:
-            if self.attachment.get("selector_session") is not None:
+        if role == "selector" and self.info.get("selector_session") != session:
+            if self.info.get("selector_session") is not None:
                 requeued = self.core.requeue_in_flight()
                 log.warning("run %s: explorer restarted (session %s); %d tasks it took are handed out again",
                             run, session, len(requeued))
-            self.attachment["selector_session"] = session
-        if role == "operator" and self.attachment.get("operator_session") != session:
+            self.info["selector_session"] = session
+        if role == "operator" and self.info.get("operator_session") != session:
             self._operator_restarted(run, session)
         log.info("run %s: %s attached (session %s, pinned %s)", run, role, session, pinned)
         return {"run": run, "pinned": dict(pinned), "requeued": requeued,
-                "unconfirmed": dict(self.attachment.get("unconfirmed") or {})}
+                "unconfirmed": dict(self.info.get("unconfirmed") or {})}
 
     def _operator_restarted(self, run: str, session: str) -> None:
         """A new operator session (a new explorer process): name the batches handed to the previous
         session's last call. Nothing tells whether its pipeline wrote them to Trinity's buffer
         before it died, and they are not handed out again (at most once: handing them out again
         would duplicate every batch the dead pipeline had written, a far likelier case)."""
-        before = self.attachment.get("operator_session")
-        self.attachment["operator_session"] = session
-        if before is None or self._last_call is None or not self._last_call[0].startswith(f"{before}:"):
+        before = self.info.get("operator_session")
+        self.info["operator_session"] = session
+        if before is None or self.ledger.last_call is None or not self.ledger.last_call[0].startswith(f"{before}:"):
             return
-        ids = [int(b.batch_id) for b in self._last_call[1]]
-        self.attachment["unconfirmed"] = {"session": before, "batch_ids": ids}
+        ids = [int(b.batch_id) for b in self.ledger.last_call[1]]
+        self.info["unconfirmed"] = {"session": before, "batch_ids": ids}
         log.warning("run %s: explorer restarted (operator session %s); batches %s, handed to the previous "
                     "session's last call, reached Trinity's buffer only if its pipeline wrote them before it died",
                     run, session, ids)
 
-    def _set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
+    def set_policy(self, changes: dict, expected_revision: int | None, replace: bool) -> dict:
         if not isinstance(changes, dict):
             raise InvalidPolicyError(f"policy: expected an object of fields, got {type(changes).__name__}")
         if expected_revision is not None and expected_revision != self.core.policy_revision:
@@ -112,16 +139,16 @@ class Attachment:
             raise InvalidPolicyError("screen: 'answer' needs the orchestrator's own rollout source (it scores answers "
                                      "before rolling them out); an attached explorer (Trinity) rolls the tasks it is handed "
                                      "(docs/sampling.md); the policy is unchanged")
-        pinned = self.attachment.get("pinned") or {}
-        broken = [f"{k}: pinned to {v} by run {self.attachment.get('run')!r}, got {getattr(new, k)}"
+        pinned = self.info.get("pinned") or {}
+        broken = [f"{k}: pinned to {v} by run {self.info.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]
         if broken:
             raise PinnedPolicyError(
-                "; ".join(broken) + f" ({self.attachment.get('pinned_by') or 'the trainer batch size depends on it'}); "
+                "; ".join(broken) + f" ({self.info.get('pinned_by') or 'the trainer batch size depends on it'}); "
                 "the policy is unchanged"
             )
         self._apply_policy(new, changes)
-        return self.get_policy()
+        return policy_view(self.core)
 
     def _apply_policy(self, new: ResamplingPolicy, changes: dict) -> None:
         try:
@@ -129,4 +156,4 @@ class Attachment:
         except ValueError as err:
             raise InvalidPolicyError(str(err)) from None
         log.info("policy revision %d: %s", self.core.policy_revision, changes)
-        self._observe()
+        self.observe()

@@ -1,7 +1,7 @@
-"""How batches leave the orchestrator actor: :class:`BatchHandOut`, a part of
-:class:`orchestrator.service.actor.Orchestrator`.
+"""How batches leave the orchestrator actor: :class:`ReadyBatches` and :class:`BatchHandOut`,
+parts of :class:`orchestrator.service.actor.Orchestrator`.
 
-A batch released by the core is sealed and queued as ready (:meth:`BatchHandOut._finish`); a
+A batch released by the core is sealed and queued as ready (:meth:`ReadyBatches.finish`); a
 call takes the oldest ready one, and returns it once the hand-out is committed (a batch is
 handed out once; with a ``call_id``, a re-sent call gets the same batch again). ``next_batch``
 also fills batches itself, running rounds through the rollout source; ``finish_batch`` and
@@ -16,35 +16,101 @@ from collections.abc import Callable
 
 import numpy as np
 
-from orchestrator.core.machine import DataExhaustedError
+from orchestrator.core.machine import DataExhaustedError, OrchestratorCore
 from orchestrator.core.rounds import ScreenPlan
-from orchestrator.core.types import Batch
+from orchestrator.core.types import Batch, TaskSetLike
+from orchestrator.rollout.source import RolloutSource
+from orchestrator.service.commits import SharedCommits
+from orchestrator.service.persist import Ledger
+from orchestrator.service.submit import Submission
 
 
-class BatchHandOut:
-    """Release, queue and hand out batches; fill them through the rollout source. Mixed into
-    :class:`~orchestrator.service.actor.Orchestrator`, whose attributes (``core``, ``ready``,
-    ``commits``, ``_lock``, ``_roll``, ``_submit``, ``_answered``, ``_remember``) it uses."""
+class ReadyBatches:
+    """Released batches: ready to hand out, and what the next commit writes of them.
 
-    def _finish(self, batch: Batch) -> None:
-        """Record an emitted batch: ready to hand out, written by the next commit."""
-        batch.fill_seconds = time.monotonic() - self._batch_started if self._batch_started else 0.0
-        self._batch_started = None
+    Args:
+        commits: counts each hand-out as a change.
+        observe: ``observe(batch)``, called with each released batch (the actor's metrics).
+    Attributes:
+        batches: ready to hand out, oldest first.
+        started: when the open batch's first round started (``time.monotonic``), or None.
+    """
+
+    def __init__(self, commits: SharedCommits, observe: Callable[..., None]) -> None:
+        self.commits, self.observe = commits, observe
+        self.batches: list[Batch] = []
+        self.started: float | None = None
+        self._new: list[Batch] = []  # released since the last commit
+        self._handed: list[int] = []  # ids handed out since the last commit
+
+    def start_clock(self) -> None:
+        """The open batch's first round starts now (unless one already did)."""
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def finish(self, batch: Batch) -> None:
+        """Record a released batch: ready to hand out, written by the next commit."""
+        batch.fill_seconds = time.monotonic() - self.started if self.started else 0.0
+        self.started = None
         batch.seal()  # final from here: the commit and the reply pickle it once
-        self._new_batches.append(batch)
-        self.ready.append(batch)
-        self._observe(batch)
+        self._new.append(batch)
+        self.batches.append(batch)
+        self.observe(batch)
 
-    def _hand_out(self) -> Batch | None:
+    def hand_out(self) -> Batch | None:
         """Take the oldest ready batch; the caller returns it once the hand-out is committed
         (``commits.durable`` of the change count after it, outside the lock: concurrent calls share
-        commits; if that commit fails, the batch is ready again, see :meth:`_rollback`)."""
-        if not self.ready:
+        commits; if that commit fails, the batch is ready again, see
+        :meth:`~orchestrator.service.persist.Persistence.rollback`)."""
+        if not self.batches:
             return None
-        batch = self.ready.pop(0)
+        batch = self.batches.pop(0)
         self._handed.append(batch.batch_id)
         self.commits.changed()
         return batch
+
+    def take(self) -> tuple[list[Batch], list[int]]:
+        """The batches released and the ids handed out since the last commit (cleared)."""
+        new, self._new = self._new, []
+        handed, self._handed = self._handed, []
+        return new, handed
+
+    def restore(self, ready: list[Batch]) -> None:
+        """Back to a committed state: ``ready`` batches, nothing new."""
+        self.batches, self._new, self._handed = ready, [], []
+
+
+class BatchHandOut:
+    """Hand out batches; fill them through the rollout source.
+
+    Args:
+        core: the state machine.
+        lock: the actor's lock (core state is changed under it).
+        commits: the actor's commits.
+        ready: the released batches (:class:`ReadyBatches`).
+        ledger: the retry window's calls (:class:`~orchestrator.service.persist.Ledger`).
+        submission: submits the groups rolled (:class:`~orchestrator.service.submit.Submission`).
+        task_set: resolves task ids to tasks.
+        rollout_source: rolls rounds out (None: groups are only submitted from outside).
+        observe: ``observe()``, called after a change (the actor's background jobs).
+    """
+
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        *,
+        lock: asyncio.Lock,
+        commits: SharedCommits,
+        ready: ReadyBatches,
+        ledger: Ledger,
+        submission: Submission,
+        task_set: TaskSetLike,
+        rollout_source: RolloutSource | None,
+        observe: Callable[..., None],
+    ) -> None:
+        self.core, self.lock, self.commits = core, lock, commits
+        self.ready, self.ledger, self.submission = ready, ledger, submission
+        self.task_set, self.rollout_source, self.observe = task_set, rollout_source, observe
 
     async def next_batch(self, timeout_s: float | None = None, call_id: str | None = None) -> Batch | None:
         """Fill and return the next batch, running rounds through the rollout source.
@@ -61,35 +127,33 @@ class BatchHandOut:
             DataExhaustedError: no task left and no batch to release.
             RuntimeError: no rollout source is attached.
         """
-        self._start_watch()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             out = None
-            async with self._lock:
-                if again := self._answered(call_id):  # a re-sent call whose first attempt was committed
+            async with self.lock:
+                if again := self.ledger.answered(call_id):  # a re-sent call whose first attempt was committed
                     return again[0]
-                if not self.ready and (batch := self.core.try_emit()) is not None:
-                    self._finish(batch)
-                if self.ready:
-                    out = self._hand_out()
+                if not self.ready.batches and (batch := self.core.try_emit()) is not None:
+                    self.ready.finish(batch)
+                if self.ready.batches:
+                    out = self.ready.hand_out()
                 elif self.rollout_source is None:
                     raise RuntimeError("next_batch: this orchestrator has no rollout source; submit groups and use pop_batch")
                 elif self.core.cap_reached():
-                    self._finish(self.core.close_at_cap())
-                    out = self._hand_out()
+                    self.ready.finish(self.core.close_at_cap())
+                    out = self.ready.hand_out()
                 elif not (blocked := self.core.replenish_blocked()) and self.core.exhausted():
                     self._finish_last()
-                    out = self._hand_out()
+                    out = self.ready.hand_out()
                 elif not blocked:
-                    if self._batch_started is None:
-                        self._batch_started = time.monotonic()
+                    self.ready.start_clock()
                     plan = self.core.plan_round()
                     version = self.core.model_version
                     answer_screen = self.core.policy.screen == "answer"
                     # with the answer screen, the screen plan is made for the tasks it keeps
                     screening = None if answer_screen else self.core.screen_plan(plan.task_ids)
                 if out is not None:
-                    self._remember(call_id, [out])
+                    self.ledger.remember(call_id, [out])
                 mine = self.commits.pending
             if out is not None:
                 await self.commits.durable(mine)
@@ -104,14 +168,14 @@ class BatchHandOut:
             tag = f"b{plan.batch_id}r{plan.round}"
             if answer_screen:
                 tasks, screening = await self._answer_screen(tasks, tag)
-            groups, screens = await asyncio.to_thread(self._roll, tasks, version, tag, screening)
+            groups, screens = await asyncio.to_thread(self.submission.roll, tasks, version, tag, screening)
             for g in groups:
                 g.purpose, g.round = plan.purpose, plan.round
-            async with self._lock:
+            async with self.lock:
                 if screens is not None:
                     self.core.record_screens(screens.screened, screens.stopped_task_ids, screens.stopped_correct,
                                              screens.stopped_trials)
-                await self._submit(groups, emit=False)
+                await self.submission.submit(groups, emit=False)
                 mine = self.commits.pending
             await self.commits.durable(mine)
 
@@ -123,19 +187,19 @@ class BatchHandOut:
         expected to fill the batch; returns the tasks to roll and their screen plan."""
         kept: list = []
         pending, part = tasks, 0
-        async with self._lock:
+        async with self.lock:
             prob = self.core.answer_reused([t.task_id for t in pending])
         while pending:
             fresh = np.isnan(prob)
             if fresh.any():
                 prob[fresh] = await asyncio.to_thread(self.rollout_source.answer_probability, [t for t, f in zip(pending, fresh) if f])
-            async with self._lock:  # one hold: record this part, draw the top-up, read its reusable scores
+            async with self.lock:  # one hold: record this part, draw the top-up, read its reusable scores
                 keep = self.core.answer_screen([t.task_id for t in pending], prob, tag if part == 0 else f"{tag}.{part}", fresh)
                 kept += [t for t, k in zip(pending, keep) if k]
                 pending = [self.task_set.get(t) for t in self.core.answer_top_up()]
                 prob = self.core.answer_reused([t.task_id for t in pending])
             part += 1
-        async with self._lock:
+        async with self.lock:
             return kept, self.core.screen_plan([t.task_id for t in kept])
 
     async def pop_batch(self, call_id: str | None = None) -> Batch | None:
@@ -153,16 +217,16 @@ class BatchHandOut:
         """Hand out the oldest ready batch, after ``make()`` (which may emit one) when none is
         ready and ``make`` is given; with ``call_id``, answer a retry of a committed call with
         the batch it handed out."""
-        async with self._lock:
-            again = self._answered(call_id)
+        async with self.lock:
+            again = self.ledger.answered(call_id)
             if again:
                 batch = again[0]
             else:
-                if not self.ready and make is not None:
+                if not self.ready.batches and make is not None:
                     make()
-                batch = self._hand_out()
+                batch = self.ready.hand_out()
                 if batch is not None:
-                    self._remember(call_id, [batch])
+                    self.ledger.remember(call_id, [batch])
             if batch is None and make is None:  # an empty pop changed nothing: no commit to wait for
                 return None
             mine = self.commits.pending
@@ -186,15 +250,15 @@ class BatchHandOut:
         if batch is None:
             p, c = self.core.policy, self.core.counters
             self.commits.commit()
-            self._observe()
+            self.observe()
             raise DataExhaustedError(
                 f"exhausted: no task left (max_epochs={p.max_epochs}, epoch {self.core.epoch}; "
                 f"max_rollouts={p.max_rollouts}, {c['rollouts_planned']} planned) and no batch to release"
             )
-        self._finish(batch)
+        self.ready.finish(batch)
 
     async def close_batch(self, call_id: str | None = None) -> Batch | None:
         """Close the open batch now as the cap would (pad / partial / raise), for external drivers.
 
         Batches already emitted and not handed out come first. ``call_id``: as for :meth:`pop_batch`."""
-        return await self._hand_out_call(call_id, lambda: self._finish(self.core.close_at_cap()))
+        return await self._hand_out_call(call_id, lambda: self.ready.finish(self.core.close_at_cap()))

@@ -1,13 +1,13 @@
-"""How the orchestrator actor makes its changes durable: :class:`Persistence`, a part of
-:class:`orchestrator.service.actor.Orchestrator`.
+"""How the orchestrator actor makes its changes durable: :class:`Persistence` and its
+:class:`Ledger`, parts of :class:`orchestrator.service.actor.Orchestrator`.
 
 Every change is counted (``commits.changed``, :class:`orchestrator.service.commits.SharedCommits`);
-the next commit takes what changed since the last one (:meth:`Persistence._prepare`), writes it
+the next commit takes what changed since the last one (:meth:`Persistence.prepare`), writes it
 in one transaction (:meth:`Persistence._write`, :class:`orchestrator.service.store.StateStore`),
-and after a failed write goes back to the last commit (:meth:`Persistence._rollback`, which
-reloads it: :meth:`Persistence._load`). The retry window: the last call with an id that handed
+and after a failed write goes back to the last commit (:meth:`Persistence.rollback`, which
+reloads it: :meth:`Persistence.load`). The retry window: the last call with an id that handed
 out batches, and those batches, are committed with the hand-out, so a re-sent call is answered
-with them (:meth:`Persistence._answered`). How a held group is checkpointed: see
+with them (:meth:`Ledger.answered`). How a held group is checkpointed: see
 :mod:`orchestrator.service.store`.
 """
 
@@ -17,51 +17,158 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.rows import GroupRows
 from orchestrator.core.types import Batch
-from orchestrator.service.store import Change, Saved
+from orchestrator.service.store import Change, Saved, StateStore
+
+if TYPE_CHECKING:
+    from orchestrator.service.anchor_watch import AnchorWatch
+    from orchestrator.service.attachment import Attachment
+    from orchestrator.service.batches import ReadyBatches
 
 log = logging.getLogger("trinity_dso.actor")
 
 
-class Persistence:
-    """The commit side of the actor: load, prepare, write, roll back, and the retry window's
-    answers. Mixed into :class:`~orchestrator.service.actor.Orchestrator`, whose attributes
-    (``core``, ``store``, ``sink``, ``commits``, ``_lock`` and the ``_new_*`` change records)
-    it uses."""
+class Ledger:
+    """What the next commit writes besides the core's state, and the retry window's records.
 
-    def _load(self) -> None:
+    Args:
+        retry_window: how many group keys to remember, newest first (see
+            :class:`~orchestrator.service.actor.Orchestrator`).
+    Attributes:
+        seen: filter label of the last ``retry_window`` group keys accepted; ``seen_order`` those
+            keys, oldest first; ``new_seen`` the ones accepted since the last commit.
+        last_call: the last call with an id that handed out batches, and those batches
+            (committed); ``new_call``: set by a call, written by the next commit.
+        tasks_call: the last ``next_tasks`` call with an id, and its tasks.
+    """
+
+    def __init__(self, retry_window: int) -> None:
+        self.retry_window = retry_window
+        self.seen: dict[str, str] = {}
+        self.seen_order: deque[str] = deque()
+        self.new_seen: dict[str, str] = {}
+        self.last_call: tuple[str, list[Batch]] | None = None
+        self.new_call: tuple[str, list[Batch]] | None = None
+        self.tasks_call: tuple[str, list[str]] | None = None
+
+    def label(self, key: str | None) -> str | None:
+        """The label a group with ``key`` got when it was accepted within the retry window, else None."""
+        return self.seen.get(key) if key is not None else None
+
+    def labels(self, keys: list[str | None]) -> list[str | None]:
+        """:meth:`label` of each key."""
+        return list(map(self.seen.get, keys))  # None for a new key (and for None: no key is None)
+
+    def accept(self, labels: dict[str, str]) -> None:
+        """Record the labels of newly accepted groups (keys unique, none seen), forgetting the oldest
+        beyond the retry window (O(1) each, no stall)."""
+        self.seen.update(labels)
+        self.new_seen.update(labels)
+        self.seen_order.extend(labels)
+        while len(self.seen_order) > self.retry_window:
+            self.seen.pop(self.seen_order.popleft(), None)
+
+    def answered(self, call_id: str | None) -> list[Batch] | None:
+        """The batches that the committed call ``call_id`` handed out (a retry), else None."""
+        if call_id is not None and self.last_call is not None and self.last_call[0] == call_id:
+            return list(self.last_call[1])
+        return None
+
+    def remember(self, call_id: str | None, batches: list[Batch]) -> None:
+        """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
+        if call_id is not None:
+            self.last_call = self.new_call = (call_id, batches)
+
+    def tasks_answered(self, call_id: str | None) -> list[str] | None:
+        """The tasks that the committed ``next_tasks`` call ``call_id`` got (a retry), else None."""
+        if call_id is not None and self.tasks_call is not None and self.tasks_call[0] == call_id:
+            return list(self.tasks_call[1])
+        return None
+
+    def remember_tasks(self, call_id: str | None, tasks: list[str]) -> None:
+        if call_id is not None:
+            self.tasks_call = (call_id, list(tasks))
+
+    def take(self) -> tuple[dict[str, str], tuple[str, list[Batch]] | None]:
+        """The keys accepted and the call remembered since the last commit (cleared)."""
+        seen, self.new_seen = self.new_seen, {}
+        call, self.new_call = self.new_call, None
+        return seen, call
+
+    def state_dict(self) -> dict:
+        """The small state's part: ``{"tasks_call": [id, tasks]}`` (``{}`` without one)."""
+        return {"tasks_call": [self.tasks_call[0], list(self.tasks_call[1])]} if self.tasks_call is not None else {}
+
+    def restore(self, saved: Saved) -> None:
+        """Back to a committed state (the keys in the file's commit order, oldest first; trimmed by
+        the next :meth:`accept`)."""
+        self.seen = saved.seen
+        self.seen_order = deque(self.seen)
+        self.new_seen = {}
+        self.last_call, self.new_call = saved.last_call, None
+        call = saved.state.get("tasks_call")
+        self.tasks_call = (call[0], list(call[1])) if call else None
+
+
+class Persistence:
+    """The commit side of the actor: load, prepare, write and roll back.
+
+    Args:
+        core: the state machine (reset in place after a failed commit).
+        store: the state file, or None (then only an external ``sink`` is written).
+        sink: the batch sink (a :class:`~orchestrator.service.sink.SQLiteSink` is written by the store).
+        ledger: the group keys and calls to commit (:class:`Ledger`).
+        ready: the emitted and handed-out batches to commit (:class:`~orchestrator.service.batches.ReadyBatches`).
+        attachment: the attached run (:class:`~orchestrator.service.attachment.Attachment`).
+        anchors: the anchor index's tracked keys (:class:`~orchestrator.service.anchor_watch.AnchorWatch`).
+        record_error: ``record_error(kind, message)``, called after a failed commit.
+    """
+
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        store: StateStore | None,
+        sink: Any,
+        *,
+        ledger: Ledger,
+        ready: ReadyBatches,
+        attachment: Attachment,
+        anchors: AnchorWatch,
+        record_error: Callable[[str, str], None],
+    ) -> None:
+        self.core, self.store, self.sink = core, store, sink
+        self.ledger, self.ready, self.attachment, self.anchors = ledger, ready, attachment, anchors
+        self.record_error = record_error
+        self.stored: set[str] = set()  # keys of the held groups whose payload is in the store
+
+    def load(self) -> None:
         """Restore the last committed state (start, or after a failed commit; with nothing
         committed yet, the state of a new orchestrator: a failed first commit leaves nothing)."""
         found = self.store.load() if self.store is not None else None
         saved = found if found is not None else Saved(0, {})  # nothing committed: a new orchestrator's state
         if found is not None:
             self.core.load_state_dict(saved.state, saved.groups)
-        self._anchor_load_state_dict(saved.state)
-        self._anchor_guard = saved.state.get("anchor_guard")
-        self._anchor_lost = dict.fromkeys(saved.state.get("anchor_lost") or ())
-        self.attachment = dict(saved.state.get("attachment") or {})
-        self._seen, self._stored, self.ready = saved.seen, set(saved.groups), saved.ready
-        self._seen_order = deque(self._seen)  # oldest first (the file's commit order); trimmed by the next submit
-        self._new_seen, self._new_batches, self._handed = {}, [], []
-        self._last_call, self._new_call = saved.last_call, None
-        call = saved.state.get("tasks_call")
-        self._tasks_call = (call[0], list(call[1])) if call else None
+        self.anchors.load_state_dict(saved.state)
+        self.attachment.load_state_dict(saved.state)
+        self.stored = set(saved.groups)
+        self.ready.restore(saved.ready)
+        self.ledger.restore(saved)
         if found is None:
             return
         log.warning(
             "resumed from %s (commit %d) at batch %d, policy revision %d, %d groups held, %d batches ready (the "
             "saved policy replaces the configured one; delete the file to start afresh)",
             self.store.path, saved.seq, self.core.batch_id, self.core.policy_revision,
-            len(self._stored), len(self.ready),
+            len(self.stored), len(saved.ready),
         )
 
-    def _prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
+    def prepare(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """Take everything changed since the last commit (clearing it), for :class:`SharedCommits`:
         ``(write, done)``. ``write`` writes the batches to a sink other than :class:`SQLiteSink`
         (at least once: a crash before the commit writes them again), then the change to the
@@ -70,10 +177,8 @@ class Persistence:
         while ``write`` runs in a worker thread is taken now: the per-task columns that changed
         (:meth:`StateStore.stage`) and the newly held groups, packed. ``done`` records which held
         groups the store now has."""
-        batches, self._new_batches = self._new_batches, []
-        seen, self._new_seen = self._new_seen, {}
-        handed, self._handed = self._handed, []
-        call, self._new_call = self._new_call, None
+        batches, handed = self.ready.take()
+        seen, call = self.ledger.take()
         external = batches if self.store is None or self.store.sink is None else []
         if self.store is None:
             return functools.partial(self._write, None, external), _nothing
@@ -81,16 +186,11 @@ class Persistence:
         held = set(carry.keys)
         held.update(candidates.keys)
         state = self.core.state(payloads=False)
-        state.update(self._anchor_state_dict())
-        state["attachment"] = dict(self.attachment)
-        if self._tasks_call is not None:
-            state["tasks_call"] = [self._tasks_call[0], list(self._tasks_call[1])]
-        if self._anchor_guard is not None:
-            state["anchor_guard"] = self._anchor_guard
-        if self._anchor_lost:
-            state["anchor_lost"] = list(self._anchor_lost)
+        state.update(self.anchors.state_dict())
+        state.update(self.attachment.state_dict())
+        state.update(self.ledger.state_dict())
         small, columns = self.store.stage(state, self.core.touched_rows())  # now: the columns are the core's own arrays
-        stored = self._stored
+        stored = self.stored
         new = [rows.take(~np.fromiter(map(stored.__contains__, rows.keys), bool, len(rows))) for rows in (carry, candidates)]
         change = Change(
             small, columns, seen=seen, hold=GroupRows.concat(*new).pack(),  # packed now, as staged
@@ -98,7 +198,7 @@ class Persistence:
         )
 
         def done() -> None:
-            self._stored = held
+            self.stored = held
 
         return functools.partial(self._write, change, external), done
 
@@ -110,34 +210,14 @@ class Persistence:
         if change is not None:
             self.store.commit(change)
 
-    def _rollback(self) -> None:
+    def rollback(self) -> None:
         """After a failed commit: back to the last commit written."""
         if self.store is not None:
             log.exception("commit to %s failed: back to the last commit", self.store.path)
-            self._record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
-            self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
-                                         task_tags=self.core.passrate.task_tags())
-            self.ready = []
-            self._load()
-
-    def _answered(self, call_id: str | None) -> list[Batch] | None:
-        """The batches that the committed call ``call_id`` handed out (a retry), else None."""
-        if call_id is not None and self._last_call is not None and self._last_call[0] == call_id:
-            return list(self._last_call[1])
-        return None
-
-    def _remember(self, call_id: str | None, batches: list[Batch]) -> None:
-        """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
-        if call_id is not None:
-            self._last_call = self._new_call = (call_id, batches)
-
-    async def _committed(self, change: Callable[[], Any]) -> Any:
-        """``change()`` under the lock, returned once a commit covers it."""
-        async with self._lock:
-            out = change()
-            mine = self.commits.changed()
-        await self.commits.durable(mine)
-        return out
+            self.record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
+            self.core.reset()
+            self.ready.restore([])
+            self.load()
 
 
 def _nothing() -> None:

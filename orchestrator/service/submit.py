@@ -3,7 +3,7 @@
 
 Groups are submitted from outside (a list of :class:`~orchestrator.core.types.Group`, or one
 :class:`~orchestrator.core.types.GroupTable`, the Trinity operator's) or rolled by the actor's
-own rollout source (:meth:`Submission._roll`). Each group is identified by its key
+own rollout source (:meth:`Submission.roll`). Each group is identified by its key
 (:func:`~orchestrator.core.types.group_key`; ``anon:<call_id>:<position>`` without a round tag),
 so a group submitted again within the retry window is recognised and answered with its label.
 A list is handled in slices of :data:`SLICE_ROLLOUTS` rollouts (the actor answers other calls
@@ -14,18 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import time
 import uuid
 from collections import Counter, defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from algos.dapo import InvalidGroupError
+from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.rounds import ScreenPlan
 from orchestrator.core.table import table_error
 from orchestrator.core.types import Batch, Group, GroupTable, group_key
 from orchestrator.rollout.screening import screened_generate
+from orchestrator.rollout.source import RolloutSource
+from orchestrator.service.commits import SharedCommits
+from orchestrator.service.persist import Ledger
+
+if TYPE_CHECKING:
+    from orchestrator.service.batches import ReadyBatches
 
 SLICE_ROLLOUTS = 256
 """Rollouts handled per slice of a submit; the actor answers other calls between slices."""
@@ -38,11 +45,34 @@ _KEY, _REASON, _SIZE = operator.attrgetter("key"), operator.attrgetter("reason")
 
 class Submission:
     """Submit (list or table route), deduplicate and commit as it goes; roll planned rounds.
-    Mixed into :class:`~orchestrator.service.actor.Orchestrator`, whose attributes (``core``,
-    ``commits``, ``_lock``, ``_seen`` and the other change records, ``_finish``, ``_hand_out``)
-    it uses."""
 
-    def _roll(self, tasks: list, version: int, round_tag: str, screening: ScreenPlan) -> tuple[list[Group], Any]:
+    Args:
+        core: the state machine.
+        lock: the actor's lock (core state is changed under it).
+        commits: the actor's commits.
+        ready: the released batches (:class:`~orchestrator.service.batches.ReadyBatches`).
+        ledger: the group keys accepted and the retry window's calls
+            (:class:`~orchestrator.service.persist.Ledger`).
+        rollout_source: rolls planned rounds (None: groups are only submitted from outside).
+        observe: ``observe()``, called after a change (the actor's background jobs).
+    """
+
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        *,
+        lock: asyncio.Lock,
+        commits: SharedCommits,
+        ready: ReadyBatches,
+        ledger: Ledger,
+        rollout_source: RolloutSource | None,
+        observe: Callable[[], None],
+    ) -> None:
+        self.core, self.lock, self.commits = core, lock, commits
+        self.ready, self.ledger = ready, ledger
+        self.rollout_source, self.observe = rollout_source, observe
+
+    def roll(self, tasks: list, version: int, round_tag: str, screening: ScreenPlan) -> tuple[list[Group], Any]:
         """Roll one planned round through the rollout source (off the lock), with screens where
         ``screening`` says (:meth:`~orchestrator.core.rounds.Rounds.screen_plan`,
         :mod:`orchestrator.rollout.screening`). Returns the groups and the screens' result (None
@@ -57,27 +87,26 @@ class Submission:
                                 std_tol=f.std_tol, wrong_threshold=f.wrong_threshold, band=f.band)
         return res.groups, res
 
-    async def _submit_call(
+    async def call(
         self, groups: list[Group] | GroupTable, on_invalid: str, *, pop: bool, call_id: str | None = None,
         held: bool = False,
     ) -> tuple[Any, list[Batch]] | tuple[Any, list[Batch], list[str]]:
         """Submit a list or a table and, with ``pop``, take every ready batch; return the labels
         and the batches (and with ``held`` the held refs) once a commit covers them (outside the
         lock: concurrent calls share it)."""
-        self._start_watch()
-        async with self._lock:
+        async with self.lock:
             if isinstance(groups, GroupTable):
                 labels = await self._submit_table(groups, on_invalid, call_id=call_id)
             else:
-                labels = await self._submit(groups, on_invalid, call_id=call_id)
-            batches = self._answered(call_id) or []  # a retry of a committed call: its batches again
+                labels = await self.submit(groups, on_invalid, call_id=call_id)
+            batches = self.ledger.answered(call_id) or []  # a retry of a committed call: its batches again
             fresh = []
-            while pop and (batch := self._hand_out()) is not None:
+            while pop and (batch := self.ready.hand_out()) is not None:
                 fresh.append(batch)
             batches += fresh
             if fresh:
-                self._remember(call_id, batches)
-            refs = self.held_refs() if held else None
+                self.ledger.remember(call_id, batches)
+            refs = held_refs(self.core) if held else None
             mine = self.commits.pending
         await self.commits.durable(mine)
         return (labels, batches, refs) if held else (labels, batches)
@@ -94,7 +123,7 @@ class Submission:
             size += rollouts(item)
         return out if out[0] else []
 
-    async def _submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True,
+    async def submit(self, groups: list[Group], on_invalid: str = "raise", *, emit: bool = True,
                       call_id: str | None = None) -> list[str]:
         """Validate, deduplicate and submit ``groups`` in slices, committing as it goes.
 
@@ -123,8 +152,8 @@ class Submission:
         keys = _anonymous_keys(self._call_keys(keys), call_id)
         fresh = []
         for g, k, values in zip(groups, keys, checked):
-            if k is not None and k in self._seen:
-                g.reason = self._seen[k]
+            if (label := self.ledger.label(k)) is not None:
+                g.reason = label
                 continue
             g.key = k if k is not None else f"anon:{uuid.uuid4().hex}"
             fresh.append((g, values))
@@ -156,7 +185,7 @@ class Submission:
         if on_invalid not in ("raise", "drop"):
             raise ValueError(f"on_invalid: must be 'raise' or 'drop', got {on_invalid!r}")
         keys = _anonymous_keys(self._call_keys(table.keys()), call_id)
-        labels = list(map(self._seen.get, keys))  # None for a new key (and for None: no key is None)
+        labels = self.ledger.labels(keys)
         fresh = [i for i, label in enumerate(labels) if label is None]
         todo = table.take(fresh) if len(fresh) < len(table) else table
         checked = None
@@ -199,27 +228,23 @@ class Submission:
         keys, labels and rollouts): record the labels, release full batches (``emit``), commit
         every :data:`COMMIT_ROLLOUTS` rollouts; the end is committed by the caller's
         ``commits.durable``, after it releases the lock."""
-        if count and self._batch_started is None:
-            self._batch_started = time.monotonic()
+        if count:
+            self.ready.start_clock()
         uncommitted = 0
         for i in range(count):
             keys, reasons, rollouts = submit(i)
-            labels = dict(zip(keys, reasons))
-            self._seen.update(labels)
-            self._new_seen.update(labels)
-            self._seen_order.extend(labels)  # new keys only: the fresh groups of one call, keys unique
-            while len(self._seen_order) > self.retry_window:  # forget the oldest (O(1) each, no stall)
-                self._seen.pop(self._seen_order.popleft(), None)
+            self.ledger.accept(dict(zip(keys, reasons)))  # new keys only: the fresh groups of one call, keys unique
             while emit and (batch := self.core.try_emit()) is not None:
-                self._finish(batch)
-                self._batch_started = time.monotonic() if self.core.carry else None
+                self.ready.finish(batch)
+                if self.core.carry:  # the next batch starts with the groups carried over
+                    self.ready.start_clock()
             uncommitted += rollouts
             if i == count - 1:  # the caller waits for it outside the lock (commits.durable)
                 self.commits.changed()
-                self._observe()
+                self.observe()
             elif uncommitted >= COMMIT_ROLLOUTS:
                 await self.commits.commit_async()
-                self._observe()
+                self.observe()
                 uncommitted = 0
             await asyncio.sleep(0)
 
@@ -230,3 +255,8 @@ def _anonymous_keys(keys: list[str | None], call_id: str | None) -> list[str | N
     if call_id is None or None not in keys:
         return keys
     return [k if k is not None else f"anon:{call_id}:{i}" for i, k in enumerate(keys)]
+
+
+def held_refs(core: OrchestratorCore) -> list[str]:
+    """The ``ref`` of every group the core holds (carry pool and padding candidates)."""
+    return [ref for ref in core.carry.refs + core.candidates.refs if ref]

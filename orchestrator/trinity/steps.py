@@ -143,7 +143,7 @@ class StepRows:
                     what = "empty" if h == "" else f"expected str or bytes, got {type(infos[back[i]].get(env_state_hash_key)).__name__}"
                     raise InvalidStepError(
                         f"info[{env_state_hash_key!r}]: {what} at {where(i)}; hash structured observations with "
-                        "orchestrator.anchors.keys.state_hash (never str())"
+                        "orchestrator.anchors.state_hash.state_hash (never str())"
                     )
                 remap[code] = seen.setdefault(h, len(seen))
             names, state = list(seen), remap[raw]

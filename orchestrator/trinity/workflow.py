@@ -31,7 +31,7 @@ Per step t of run r (the experience of the model's reply at turn t):
   trained through their own step's experience, with their own advantage); ``logprobs`` likewise
   (the engine's sampling log-probs on the generated tokens, 0 elsewhere, as Trinity's
   ``MultiTurnWorkflow`` zeroes them off the mask);
-* ``info["env_state_hash"]``: :func:`orchestrator.anchors.keys.text_hash` of
+* ``info["env_state_hash"]``: :func:`orchestrator.anchors.state_hash.text_hash` of
   :func:`orchestrator.envs.frozenlake.canonical_state`, the map and the cell the agent acted
   *from* (never the prompt text: it carries a turn counter), so all runs of a task share their
   first anchor state and revisits of a cell land in the same anchor group;
@@ -65,7 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trinity.common.experience import EID, Experience
 from trinity.common.workflows.workflow import MultiTurnWorkflow, Task
 
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.envs.frozenlake import canonical_state
 from orchestrator.trinity.registry import WORKFLOW_NAME
 

@@ -123,7 +123,7 @@ def run_two_workers(actor, batch_key, steps, runs):
 
 def test_memory_index_is_created_from_an_empty_config():
     o = orch({})
-    assert isinstance(o.anchor, MemoryAnchorIndex)
+    assert isinstance(o.anchors.anchor, MemoryAnchorIndex)
     assert o.anchor_spec() == {"backend": "memory", "ttl_s": 6 * 3600.0}
 
 
@@ -160,16 +160,16 @@ def test_memory_spec_without_the_actor_is_refused():
 def test_memory_queries_of_the_orchestrators_index_equal_the_pure_function():
     steps, out = make_batch(seed=1)
     o = orch({})
-    assert o.anchor.insert("b", steps) == len(steps)
-    adv = o.anchor.step_advantages("b", [s.task for s in steps], [s.state_hash for s in steps], [s.ret for s in steps], n_runs=4)
+    assert o.anchors.anchor.insert("b", steps) == len(steps)
+    adv = o.anchors.anchor.step_advantages("b", [s.task for s in steps], [s.state_hash for s in steps], [s.ret for s in steps], n_runs=4)
     np.testing.assert_allclose(adv, out.step, rtol=0, atol=1e-9)
 
 
 def test_insert_accepts_field_dicts_and_duplicates_are_no_ops():
     steps, _ = make_batch(tasks=1, runs=2, seed=2)
     o = orch({})
-    o.anchor.insert("b", [s.__dict__ for s in steps])
-    assert o.anchor.insert("b", steps) == 0
+    o.anchors.anchor.insert("b", [s.__dict__ for s in steps])
+    assert o.anchors.anchor.insert("b", steps) == 0
     assert o.anchor_stats()["entries"] == len(steps)
 
 
@@ -181,12 +181,12 @@ def test_task_completes_only_when_every_run_has_its_last_step():
     s = [AnchorStep("task-0", 0, 0, "a", 0.5), AnchorStep("task-0", 0, 1, "b", 1.0, last=True),
          AnchorStep("task-0", 1, 0, "a", 0.0), AnchorStep("task-0", 1, 2, "c", 0.0, last=True)]
     o = orch({})
-    o.anchor.insert("b", s)
-    assert o.anchor.completed_runs("b") == {"task-0": 1}  # run 1 misses step 1
-    assert not o.anchor.is_complete("b", "task-0", 2)
-    o.anchor.insert("b", [AnchorStep("task-0", 1, 1, "b", 0.0)])
-    assert o.anchor.is_complete("b", "task-0", 2)
-    assert not o.anchor.is_complete("b", "task-0", 3)
+    o.anchors.anchor.insert("b", s)
+    assert o.anchors.anchor.completed_runs("b") == {"task-0": 1}  # run 1 misses step 1
+    assert not o.anchors.anchor.is_complete("b", "task-0", 2)
+    o.anchors.anchor.insert("b", [AnchorStep("task-0", 1, 1, "b", 0.0)])
+    assert o.anchors.anchor.is_complete("b", "task-0", 2)
+    assert not o.anchors.anchor.is_complete("b", "task-0", 3)
 
 
 # --------------------------------------------------------------------------- stats, drop, metrics
@@ -199,7 +199,7 @@ def test_stats_count_steps_groups_and_feed_the_entries_gauge():
     metrics = DSOMetrics()
     o = orch({}, metrics=metrics)
     o.anchor_register("b")
-    o.anchor.insert("b", s)
+    o.anchors.anchor.insert("b", s)
     st = o.anchor_stats()
     assert (st["batches"], st["entries"], st["groups"], st["group_size_histogram"]) == (1, 4, 3, {1: 2, 2: 1})
     assert st["tracked_batches"] == {"b": 0}
@@ -212,11 +212,11 @@ def test_drop_forgets_the_batch_and_records_its_group_sizes():
     metrics = DSOMetrics()
     o = orch({}, metrics=metrics)
     o.anchor_register("b")
-    o.anchor.insert("b", s)
+    o.anchors.anchor.insert("b", s)
     assert o.anchor_drop("b") == 3
     assert o.anchor_stats()["batches"] == 0 and o.anchor_stats()["tracked_batches"] == {}
     with pytest.raises(AnchorIndexError, match="unknown"):
-        o.anchor.step_advantages("b", ["task-0"], ["a"], [1.0])
+        o.anchors.anchor.step_advantages("b", ["task-0"], ["a"], [1.0])
     text = metrics.exposition()
     assert metric_value(text, "dso_anchor_group_size_count") == 2  # groups a (size 2), b (size 1)
     assert metric_value(text, "dso_anchor_group_size_sum") == 3
@@ -225,7 +225,7 @@ def test_drop_forgets_the_batch_and_records_its_group_sizes():
 def test_redis_operations_of_the_actor_are_timed_by_op(redis_url, redis_namespace):
     metrics = DSOMetrics()
     o = orch({"redis_url": redis_url, "prefix": redis_namespace}, metrics=metrics)
-    o.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchors.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     o.anchor_stats()
     o.anchor_drop("b")
     text = metrics.exposition()
@@ -240,10 +240,10 @@ def test_redis_operations_of_the_actor_are_timed_by_op(redis_url, redis_namespac
 def test_batches_older_than_max_age_versions_are_dropped_when_the_version_advances():
     o = orch({"max_age_versions": 1})
     o.anchor_register("v0")  # opened at version 0
-    o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchors.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     asyncio.run(o.set_model_version(1))
     o.anchor_register("v1")
-    o.anchor.insert("v1", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchors.anchor.insert("v1", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     assert sorted(o.anchor_stats()["tracked_batches"]) == ["v0", "v1"]  # 0 >= 1 - 1: kept
     asyncio.run(o.set_model_version(2))
     st = o.anchor_stats()
@@ -253,7 +253,7 @@ def test_batches_older_than_max_age_versions_are_dropped_when_the_version_advanc
 def test_without_max_age_versions_only_the_ttl_expires_batches():
     o = orch({})
     o.anchor_register("v0")
-    o.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    o.anchors.anchor.insert("v0", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     asyncio.run(o.set_model_version(50))
     assert o.anchor_expire() == [] and o.anchor_stats()["batches"] == 1
     assert o.anchor_expire(max_age_versions=10) == ["v0"]
@@ -276,7 +276,7 @@ def test_tracked_batches_survive_a_restart_from_the_checkpoint(redis_url, redis_
     path = str(tmp_path / "state.json")
     first = orch(cfg, checkpoint_path=path)
     first.anchor_register("b")
-    first.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
+    first.anchors.anchor.insert("b", [AnchorStep("task-0", 0, 0, "a", 1.0, last=True)])
     second = orch(cfg, checkpoint_path=path)
     assert second.anchor_stats()["tracked_batches"] == {"b": 0}
     asyncio.run(second.set_model_version(1))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from algos.gigpo import anchor_group_ids, gigpo_advantages
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.core.types import Task
 from orchestrator.envs.frozenlake import (
     ACTIONS,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from algos.gigpo import GiGPOConfig, anchor_group_ids, gigpo_advantages
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.cli.service import load_yaml_model
 from orchestrator.envs.sokoban import (
     EnvError,

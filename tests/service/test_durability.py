@@ -147,7 +147,7 @@ def test_failed_commit_goes_back_to_the_last_commit(tmp_path):
         run(o.submit_groups([group("t1")]))
     after = o.get_stats()
     assert after.errors["commit"] == 1 and after.last_error["kind"] == "commit"  # the failure is visible
-    assert after.model_copy(update={"errors": before.errors, "last_error": None}) == before and o.ready == []
+    assert after.model_copy(update={"errors": before.errors, "last_error": None}) == before and o.ready.batches == []
     assert orch(tmp_path).get_stats() == before
 
 
@@ -429,7 +429,7 @@ def test_a_group_older_than_the_retry_window_counts_as_new(tmp_path):
     o = orch(tmp_path, retry_window=2)
     for t in TASKS[:4]:  # the actor keeps the last 2 keys
         run(o.submit_groups([group(t, WRONG)]))
-    assert list(o._seen) == [key("t2"), key("t3")]
+    assert list(o.ledger.seen) == [key("t2"), key("t3")]
     run(o.submit_groups([group("t2", WRONG), group("t3", WRONG)]))  # within the window: retries
     assert o.get_stats().groups_submitted == 4
     run(o.submit_groups([group("t0", WRONG)]))  # forgotten: a new group
@@ -443,7 +443,7 @@ def test_the_retry_window_holds_after_a_restart(tmp_path):
     db = sqlite3.connect(tmp_path / "run.db")
     assert [pickle.loads(s)[0] for (s,) in db.execute("SELECT seen FROM dso_log ORDER BY seq")] == [[key("t2")], [key("t3")]]
     o2 = orch(tmp_path, retry_window=2)  # restart
-    assert list(o2._seen) == [key("t2"), key("t3")]
+    assert list(o2.ledger.seen) == [key("t2"), key("t3")]
     run(o2.submit_groups([group("t3", WRONG)]))
     assert o2.get_stats().groups_submitted == 4
     run(o2.submit_groups([group("t1", WRONG)]))
@@ -493,10 +493,10 @@ def test_a_crash_while_keys_are_forgotten_keeps_them(tmp_path):
                           cwd=os.getcwd(), env=os.environ)
     assert proc.returncode == 9
     o2 = orch(tmp_path, retry_window=2)  # restarted from the commit before: t0's key kept, t2 not accepted
-    assert list(o2._seen) == [key("t0"), key("t1")] and o2.get_stats().groups_submitted == 2
+    assert list(o2.ledger.seen) == [key("t0"), key("t1")] and o2.get_stats().groups_submitted == 2
     run(o2.submit_groups([group("t2", WRONG)]))  # the caller's retry: accepted once, t0 forgotten now
     run(o2.submit_groups([group("t1", WRONG), group("t2", WRONG)]))
-    assert o2.get_stats().groups_submitted == 3 and list(o2._seen) == [key("t1"), key("t2")]
+    assert o2.get_stats().groups_submitted == 3 and list(o2.ledger.seen) == [key("t1"), key("t2")]
 
 
 def test_a_key_accepted_again_after_it_was_forgotten_keeps_its_new_place_after_a_restart(tmp_path):
@@ -506,4 +506,4 @@ def test_a_key_accepted_again_after_it_was_forgotten_keeps_its_new_place_after_a
     o2 = orch(tmp_path, retry_window=2)
     run(o2.submit_groups([group("t3", WRONG)]))  # the window now: t0 (accepted the second time), t3
     run(o2.submit_groups([group("t0", WRONG)]))  # a retry: recognised
-    assert o2.get_stats().groups_submitted == 5 and list(o2._seen) == [key("t0"), key("t3")]
+    assert o2.get_stats().groups_submitted == 5 and list(o2.ledger.seen) == [key("t0"), key("t3")]

@@ -42,7 +42,7 @@ from trinity.common.workflows.envs.frozen_lake.workflow import FrozenLakeWorkflo
 from trinity.common.workflows.workflow import Task
 
 import orchestrator.trinity.plugin  # noqa: F401  (registers the dso_ names)
-from orchestrator.anchors.keys import text_hash
+from orchestrator.anchors.state_hash import text_hash
 from orchestrator.envs.frozenlake import canonical_state, trinity_taskset_rows
 from orchestrator.trinity.registry import WORKFLOW_CLASS_PATH, WORKFLOW_NAME
 from orchestrator.trinity.workflow import (

@@ -267,7 +267,7 @@ def test_the_actor_created_from_the_operator_settings_keeps_their_retry_window(r
                        checkpoint_path=str(tmp_path / "o.db"), metrics=False)
     handle = create_orchestrator(cfg, num_tasks=4)
     try:
-        assert ray_local.get(handle.__ray_call__.remote(lambda self: self.retry_window)) == 5
+        assert ray_local.get(handle.__ray_call__.remote(lambda self: self.ledger.retry_window)) == 5
     finally:
         ray_local.kill(handle)
 

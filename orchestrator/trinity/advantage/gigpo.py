@@ -65,7 +65,7 @@ class DsoGiGPOAdvantageFn(AdvantageFn, ExperienceOperator):
       step's ``reward`` as a terminal reward (Trinity's convention), other steps 0;
     * the anchor state is ``info[env_state_hash_key]`` (str or bytes; anything else is refused,
       never ``str()``-ed: hash structured observations with
-      :func:`orchestrator.anchors.keys.state_hash`); a step without one is its own anchor
+      :func:`orchestrator.anchors.state_hash.state_hash`); a step without one is its own anchor
       group (so A_S = 0 for it, as in Trinity);
     * an action is invalid when ``info[action_valid_key]`` is False (verl-agent's
       ``is_action_valid``); the state text for similarity grouping is ``info[state_text_key]``.

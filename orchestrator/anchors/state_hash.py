@@ -1,4 +1,4 @@
-"""Anchor keys: the one hash behind every ``env_state_hash``.
+"""Anchor state hashes: the one hash behind every ``env_state_hash``.
 
 :func:`text_hash` is the digest (sha1 hex of a text's UTF-8 bytes); every environment computes
 its state's canonical text and hashes it with it. :func:`state_hash` is the canonical,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from orchestrator.anchors.keys import state_hash, text_hash
+from orchestrator.anchors.state_hash import state_hash, text_hash
 
 
 def test_mapping_key_order_does_not_matter():
