@@ -93,6 +93,24 @@ every pilot run crossed the target, then every 1,024; and at the end of the budg
 SCREEN_K = 2
 """Rollouts of a screen (of ``group_size`` 8)."""
 
+REGIMES = ("exact", "reasoning")
+"""``--regime``: ``exact`` (the response is the answer alone: the constants above) and ``reasoning``
+(intermediate results before the answer: :data:`REASONING`)."""
+
+REASONING: dict = {
+    "families": FAMILIES, "train_size": 96, "heldout_size": 192, "warm_pool": WARM_POOL, "warm_steps": 400,
+    "max_tokens": 16, "lr": LR, "budget": 96 * 8 * 12,
+    "eval_at": list(range(384, 96 * 8 * 12 + 1, 384)), "eval_samples": 4,
+}
+"""The reasoning regime (``--regime reasoning``): the same families and mix as :data:`FAMILIES`,
+answered with reasoning first (:func:`orchestrator.train.tiny.sample_reasoning`; the scorer reads
+only the number after the last ``#``). Fewer tasks than the exact-answer regime, so the budget
+makes 12 passes (96 training tasks x 8 rollouts x 12 = 9,216 rollouts) in the time the run has;
+192 held-out tasks, the same mix. Held-out accuracy is avg@4 (the reference response's likelihood
+is not the pass rate here) at every half pass (384 rollouts), and crossings are read from the mean
+of three consecutive evaluations (:func:`settled_crossing`). ``max_tokens`` 16: the longest
+reasoning (``add3``, ``999,999#1998``) is 12 characters and EOS."""
+
 ARMS: dict[str, dict] = {
     "epoch": {},
     "informative": {"policy": {"selection": "informative"}},
@@ -109,8 +127,22 @@ OURS = ("informative", "screening", "predicted_skip", "greso_prior", "answer_scr
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
-def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
-    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at :data:`EVAL_AT` rollouts."""
+def base_config(out_dir: Path, seed: int = 0, budget: int | None = None, regime: str = "exact") -> DapoTrainConfig:
+    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at
+    :data:`EVAL_AT` rollouts; with ``regime="reasoning"`` the settings of :data:`REASONING`.
+
+    Raises:
+        ValueError: ``regime`` not one of :data:`REGIMES`.
+    """
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
+    if regime == "reasoning":
+        r = REASONING
+        return DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", regime="reasoning", families=r["families"],
+                               train_size=r["train_size"], heldout_size=r["heldout_size"], warm_pool=r["warm_pool"],
+                               warm_steps=r["warm_steps"], max_tokens=r["max_tokens"],
+                               rollout_budget=r["budget"] if budget is None else budget, eval_at_rollouts=r["eval_at"],
+                               eval_samples=r["eval_samples"], eval_samples_between=r["eval_samples"], trainer={"lr": r["lr"]})
     cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", families=FAMILIES, train_size=TRAIN_SIZE,
                           heldout_size=HELDOUT_SIZE, warm_pool=WARM_POOL, warm_steps=WARM_STEPS,
                           rollout_budget=BUDGET if budget is None else budget, eval_at_rollouts=EVAL_AT, eval_samples=4,
@@ -119,9 +151,9 @@ def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> Dapo
     return cfg
 
 
-def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> DapoTrainConfig:
+def arm_config(arm: str, seed: int, out: Path, budget: int | None = None, regime: str = "exact") -> DapoTrainConfig:
     """One arm's configuration: :func:`base_config` plus the arm's changes (policy merged key by key)."""
-    base = base_config(out / f"{arm}-s{seed}", seed, budget).model_dump()
+    base = base_config(out / f"{arm}-s{seed}", seed, budget, regime).model_dump()
     change = ARMS[arm]
     data = {**base, **{k: v for k, v in change.items() if k != "policy"}}
     data["policy"] = {**base["policy"], **change.get("policy", {})}
@@ -184,6 +216,34 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
     return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}
 
 
+def _correct_responses(group) -> list[tuple[int, ...]]:
+    """The response token ids (prompt cut off) of a group's correct rollouts."""
+    return [tuple(e.tokens[e.prompt_length:]) for e in group.rollouts if e.metrics.get("accuracy", 0.0) >= 0.5]
+
+
+def top_response_share(groups: list) -> float | None:
+    """How much of a task's pass rate its most frequent correct response holds, averaged over the
+    tasks with a correct rollout: for each, the count of its most frequent correct response (same
+    token ids) over its correct rollouts. 1.0 where every task has one correct response (the
+    exact-answer regime); the reasoning regime needs it well under 1/2 (no single response holds
+    most of the pass rate). None when no rollout is correct.
+
+    Args:
+        groups: rolled groups (:class:`orchestrator.core.types.Group`), rollouts with ``tokens``,
+            ``prompt_length`` and ``metrics["accuracy"]``.
+    """
+    from collections import Counter
+
+    shares = [Counter(c).most_common(1)[0][1] / len(c) for g in groups for c in [_correct_responses(g)] if c]
+    return float(np.mean(shares)) if shares else None
+
+
+def distinct_correct(groups: list) -> float | None:
+    """Mean number of distinct correct responses per task, over the tasks with a correct rollout."""
+    counts = [len(set(c)) for g in groups for c in [_correct_responses(g)] if c]
+    return float(np.mean(counts)) if counts else None
+
+
 def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict:
     """Pass rate of every training and held-out task on the warm-started policy (``samples``
     rollouts each, temperature of ``cfg``): shares nearly always solved (>= 0.9), nearly never
@@ -219,8 +279,12 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
             r = rate[fam == f]
             row["families"][f] = {"mean": float(r.mean()), "solved": float((r >= 0.9).mean()), "unsolved": float((r <= 0.1).mean())}
         answer = source.answer_probability(tasks)
-        # how well the answer probability (one forward pass) predicts the pass rate of `samples` rollouts
+        # how well the answer probability (one forward pass) predicts the pass rate of `samples` rollouts;
+        # in the reasoning regime, the reference response's likelihood (reasoning, '#', answer)
         row["answer_prob_corr"] = float(np.corrcoef(answer, rate)[0, 1]) if rate.std() > 0 and answer.std() > 0 else None
+        row["answer_prob_mean"] = float(answer.mean())
+        row["top_response_share"] = top_response_share(groups)
+        row["distinct_correct_responses"] = distinct_correct(groups)
         if name == "train" and samples == 2 * cfg.policy.group_size:
             outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
             row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer,
