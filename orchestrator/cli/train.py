@@ -218,22 +218,29 @@ def register(app: typer.Typer) -> None:
         arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all)."),
         spread: bool = typer.Option(False, help="Only measure the task set's difficulty spread on the warm-started policy (seed 0)."),
         rebuild: bool = typer.Option(False, help="Only rewrite the comparison files of --out from its runs' train.json (no training)."),
+        regime: str = typer.Option("exact", help="'exact' (the response is the answer alone) or 'reasoning' (intermediate "
+                                   "results before a final answer, 12 passes, a late target; default arms: those on "
+                                   "the Trinity route and epoch; default out: runs/sampling-compare-reasoning)."),
     ) -> None:
         """Which tasks to roll out, in real training: our selections and screening vs GRESO, Trinity's
         difficulty_based selector, the DAPO recipe's loop and GRPO, same seeds and rollout budget."""
         from orchestrator.jobs import sampling_compare
         from orchestrator.jobs.sampling_compare import ARMS, base_config, measure_spread, run_comparison
 
+        if regime not in sampling_compare.REGIMES:
+            raise typer.BadParameter(f"must be one of {sampling_compare.REGIMES}, got {regime!r}", param_hint="--regime")
+        if regime == "reasoning" and out == Path("runs/sampling-compare"):
+            out = Path("runs/sampling-compare-reasoning")
         if rebuild:
-            console.print(sampling_compare.rebuild(out))
+            console.print(sampling_compare.rebuild(out, regime=regime))
             return
         if spread:
             import json
 
-            console.print(json.dumps(measure_spread(base_config(out / "spread")), indent=1))
+            console.print(json.dumps(measure_spread(base_config(out / "spread", regime=regime)), indent=1))
             return
-        chosen = _arms(arms, ARMS)
-        result = run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, arms=chosen,
+        chosen = _arms(arms, ARMS) if arms else None
+        result = run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, arms=chosen, regime=regime,
                                 log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])
         console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")

@@ -346,9 +346,12 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             eval_tokens += ev["heldout_tokens"]
             generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
             # wall time without the evaluations (what a run without held-out checks would take)
+            # groups rolled out per training task so far (the orchestrator's history, in task order):
+            # which tasks a skip left out, and whether they came back
+            rolled = ray.get(actor.state_dict.remote())["history"]["groups"] if ref_loop is None else None
             evals.append({"step": step, "rollouts": int(rollouts), "model_version": version,
                           "train_wall_seconds": row["wall_seconds"] - eval_seconds, "generated_tokens": generated,
-                          "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, **ev})
+                          "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, "task_groups": rolled, **ev})
             eval_seconds += time.monotonic() - t2
             row.update({k: ev[k] for k in ("heldout_acc", "heldout_expected_acc") if k in ev})
         steps.append(row)
@@ -393,6 +396,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         "stats": stats if cfg.dynamic_sampling and ref_loop is None else None,
         "evals": evals,
         "steps": steps,
+        "task_ids": list(train.task_ids),
     }
     write_json(cfg.out_dir / "train.json", summary)
     from orchestrator.jobs.plots import plot_training

@@ -98,18 +98,32 @@ REGIMES = ("exact", "reasoning")
 (intermediate results before the answer: :data:`REASONING`)."""
 
 REASONING: dict = {
-    "families": FAMILIES, "train_size": 96, "heldout_size": 192, "warm_pool": WARM_POOL, "warm_steps": 400,
-    "max_tokens": 16, "lr": LR, "budget": 96 * 8 * 12,
-    "eval_at": list(range(384, 96 * 8 * 12 + 1, 384)), "eval_samples": 4,
+    "families": FAMILIES, "train_size": 64, "heldout_size": 128, "warm_pool": WARM_POOL, "warm_steps": 300,
+    "max_tokens": 16, "lr": LR, "budget": 64 * 8 * 12,
+    "eval_at": [*range(256, 2049, 256), *range(2560, 64 * 8 * 12 + 1, 512)], "eval_samples": 4,
+    "late_gain": None,
 }
 """The reasoning regime (``--regime reasoning``): the same families and mix as :data:`FAMILIES`,
 answered with reasoning first (:func:`orchestrator.train.tiny.sample_reasoning`; the scorer reads
 only the number after the last ``#``). Fewer tasks than the exact-answer regime, so the budget
-makes 12 passes (96 training tasks x 8 rollouts x 12 = 9,216 rollouts) in the time the run has;
-192 held-out tasks, the same mix. Held-out accuracy is avg@4 (the reference response's likelihood
-is not the pass rate here) at every half pass (384 rollouts), and crossings are read from the mean
-of three consecutive evaluations (:func:`settled_crossing`). ``max_tokens`` 16: the longest
-reasoning (``add3``, ``999,999#1998``) is 12 characters and EOS."""
+makes 12 passes (64 training tasks x 8 rollouts x 12 = 6,144 rollouts) in the time a run has;
+128 held-out tasks, the same mix. Held-out accuracy is avg@4 (the reference response's likelihood
+is not the pass rate here) every half pass (256 rollouts) up to 4 passes, then every pass, and
+crossings are read from the mean of three consecutive evaluations (:func:`settled_crossing`).
+``max_tokens`` 16: the longest reasoning (``add3``, ``999,999#1998``) is 12 characters and EOS.
+``late_gain``: the late target (:data:`LATE_SHARE` of ``epoch``'s mean final gain on
+:data:`TUNING_SEEDS`), fixed before the comparison's runs."""
+
+REASONING_ARMS = ["epoch", "greso", "greso_prior", "predicted_skip", "informative"]
+"""The reasoning regime's default arms (``--regime reasoning``): ``epoch`` and the arms that run on
+the Trinity route (:func:`runs_on_trinity`); the answer screen and screening cannot."""
+TUNING_SEEDS = (100, 101, 102)
+"""Seeds the late target was fixed from (``epoch`` only), disjoint from the evaluation seeds 0-9."""
+LATE_SHARE = 0.8
+"""The late target: this share of ``epoch``'s mean final gain on :data:`TUNING_SEEDS`."""
+WINDOW = 3
+"""The reasoning regime's crossings: the first evaluation from which the mean of it and the next
+two is at or above the target (:func:`settled_crossing`)."""
 
 ARMS: dict[str, dict] = {
     "epoch": {},
@@ -124,6 +138,23 @@ ARMS: dict[str, dict] = {
     "grpo": {"dynamic_sampling": False},
 }
 OURS = ("informative", "screening", "predicted_skip", "greso_prior", "answer_screen")
+
+
+def runs_on_trinity(cfg: DapoTrainConfig) -> bool:
+    """Whether an arm's configuration runs on the Trinity route (the orchestrator beside Trinity's
+    explorer, :mod:`orchestrator.trinity.attach`): not with screening or the answer screen (refused
+    there: Trinity's workflow rolls a whole group, and the orchestrator does not hold its engine), not
+    the DAPO recipe's own loop; every selection mode and Trinity's ``difficulty_based`` selector do."""
+    return not (cfg.policy.screen_rollouts or cfg.policy.answer_screen or cfg.reference_loop == "dapo_recipe")
+
+
+def summary_options(regime: str) -> dict:
+    """:func:`run_summary`'s keywords for a regime: the exact-answer regime reads the expected
+    accuracy, first crossing; the reasoning regime avg@4, :data:`WINDOW`-evaluation crossings, and
+    the late target (:data:`REASONING` ``late_gain``, None until fixed)."""
+    if regime == "reasoning":
+        return {"accuracy": SAMPLED, "window": WINDOW, "late_gain": REASONING.get("late_gain")}
+    return {"accuracy": ACCURACY}
 REFERENCES = ("greso", "trinity_difficulty", "dapo_recipe", "grpo")
 
 
@@ -332,7 +363,72 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
+def settled_crossing(evals: list[dict], key: str, target: float, window: int = 1) -> int | None:
+    """Index of the first evaluation from which the mean of ``key`` over it and the next
+    ``window - 1`` evaluations is at or above ``target`` (window 1: the first evaluation at or
+    above it). A crossing one noisy evaluation cannot decide: with ``window = 3`` a lone high
+    reading between low ones does not count. None when no full window reaches it.
+
+    Args:
+        evals: a run's evaluations in order, each with ``key``.
+        window: >= 1.
+    Raises:
+        ValueError: ``window < 1``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    vals = [float(e[key]) for e in evals]
+    return next((i for i in range(len(vals) - window + 1) if sum(vals[i:i + window]) / window >= target - 1e-9), None)
+
+
+def pass_end_evals(evals: list[dict], pass_rollouts: int) -> list[dict]:
+    """The evaluation that ends each pass: for k = 1, 2, ..., the first evaluation at or past
+    ``k x pass_rollouts`` rollouts (equal rollouts for every arm, whatever its selection's own
+    epochs), and the run's last evaluation for a last, partial pass. Each as ``{"pass": k,
+    "rollouts", "evaluation": index}``."""
+    out, k = [], 1
+    for i, e in enumerate(evals):
+        if e["rollouts"] >= k * pass_rollouts:
+            out.append({"pass": k, "rollouts": e["rollouts"], "evaluation": i})
+            k = e["rollouts"] // pass_rollouts + 1
+    if evals and (not out or out[-1]["evaluation"] != len(evals) - 1) and evals[-1]["rollouts"] > 0:
+        out.append({"pass": k, "rollouts": evals[-1]["rollouts"], "evaluation": len(evals) - 1})
+    return out
+
+
+def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int) -> dict | None:
+    """Which training tasks each pass-sized window of rollouts rolled out, per family (the family is
+    the task id up to its first ``-``, e.g. ``max2``), from the orchestrator's group count per task
+    at each pass's end (``evals[i]["task_groups"]``): ``rolled_share`` per window (the share of the
+    family's tasks rolled out at least once in it), ``left_out`` (task-windows after the first in
+    which a task was not rolled out), ``came_back`` (of those, the share rolled out in a later
+    window), ``never_after_first`` (share of tasks not rolled out after the first window). None
+    without the counts (a reference loop)."""
+    ends = pass_end_evals(evals, pass_rollouts)
+    counts = [evals[e["evaluation"]].get("task_groups") for e in ends]
+    if not counts or any(c is None for c in counts):
+        return None
+    prev = np.zeros(len(task_ids), dtype=np.int64)
+    rolled = []
+    for c in counts:
+        c = np.asarray(c, dtype=np.int64)
+        rolled.append(c - prev > 0)
+        prev = c
+    rolled = np.array(rolled)  # (windows, T)
+    family = np.array([t.split("-", 1)[0] for t in task_ids])
+    out = {}
+    for f in sorted(set(family.tolist())):
+        r = rolled[:, family == f]
+        later = r[1:]
+        left = [(w, t) for w in range(1, len(r)) for t in range(r.shape[1]) if not r[w, t]]
+        back = [r[w + 1:, t].any() for w, t in left if w + 1 < len(r)]
+        out[f] = {"rolled_share": [float(x) for x in r.mean(axis=1)], "left_out": len(left),
+                  "came_back": float(np.mean(back)) if back else None,
+                  "never_after_first": float((~later.any(axis=0)).mean()) if len(later) else None}
+    return out
+
+
+def run_summary(s: dict, gain: float, accuracy: str = ACCURACY, *, late_gain: float | None = None, window: int = 1) -> dict:
     """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, and the
     seconds the training loop spent to get there: rollouts, trainer steps and weight syncs, without
     start-up or evaluations), final held-out accuracy, rollouts per emitted group, token shares;
@@ -349,7 +445,8 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
             for x in s.get("steps", [])]
 
     def crossing(g: float) -> dict | None:
-        return next((e for e in evals if e[accuracy] >= evals[0][accuracy] + g - 1e-9), None)
+        i = settled_crossing(evals, accuracy, evals[0][accuracy] + g, window)
+        return None if i is None else evals[i]
 
     hit = crossing(gain)
     cfg = s.get("config", {})
@@ -357,6 +454,22 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
     by_gain = {f"{g:.2f}": {"to_target_rollouts": h["rollouts"] if h else None,
                             "to_target_seconds": float(sum(loop[: h["step"]])) if h else None}
                for g in REPORT_GAINS for h in [crossing(g)]}
+    late = crossing(late_gain) if late_gain is not None else None
+    pass_rollouts = cfg["train_size"] * n if cfg.get("train_size") else None
+    ends = pass_end_evals(evals, pass_rollouts) if pass_rollouts else []
+    extra = {} if late_gain is None else {
+        "late_gain": late_gain, "to_late_rollouts": late["rollouts"] if late else None,
+        "to_late_seconds": float(sum(loop[: late["step"]])) if late else None,
+        "to_late_passes": late["rollouts"] / pass_rollouts if late and pass_rollouts else None}
+    if ends:
+        # held-out accuracy at the end of each pass (equal rollouts), overall and per family
+        extra["heldout_at_pass_end"] = [evals[e["evaluation"]][accuracy] for e in ends]
+        fam_key = f"{accuracy}_by_family" if f"{accuracy}_by_family" in evals[0] else None
+        if fam_key:
+            extra["heldout_by_family_at_pass_end"] = {f: [evals[e["evaluation"]][fam_key][f] for e in ends]
+                                                     for f in evals[0][fam_key]}
+        if s.get("task_ids"):
+            extra["task_returns"] = task_returns(evals, s["task_ids"], pass_rollouts)
     before = s.get("steps", [])[: hit["step"]] if hit else []
     informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {
@@ -389,7 +502,10 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
         # the first crossing of every gain of REPORT_GAINS
         "by_gain": by_gain,
         # rollouts and informative groups in each pass-sized window of the run (where the saving lands)
-        "by_pass": pass_windows(s.get("steps", []), cfg["train_size"] * n) if cfg.get("train_size") else None,
+        "by_pass": pass_windows(s.get("steps", []), pass_rollouts,
+                                max(PASS_WINDOWS, -(-int(cfg.get("rollout_budget", 0)) // pass_rollouts)))
+        if pass_rollouts else None,
+        **extra,
     }
 
 
@@ -556,6 +672,10 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
             f"{format(x['to_target_seconds'], '.1f') if x['to_target_seconds'] is not None else '-'}; {x['final']:.3f}"
             for i, x in enumerate(r["per_seed"])))
     md = md + "\n".join(per_seed) + "\n"
+    if extra.get("regime") == "reasoning":
+        md += late_tables(results, extra.get("on_trinity", {}))
+    for r in rows:  # each arm: does it run on the Trinity route
+        r["on_trinity"] = extra.get("on_trinity", {}).get(r["arm"])
     (out / "comparison.md").write_text(md)
     write_json(out / "comparison.json", {"target_gain": gain, **extra, "rows": rows,
                                          "curves": {a: [r["curve"] for r in runs] for a, runs in results.items()}})
@@ -563,29 +683,90 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
     # which would hide the arms' differences in the spread
     gains = {a: [[(x, y - r["curve"][0][1]) for x, y in r["curve"]] for r in runs] for a, runs in results.items()}
     plot_ablation(gains, out / "comparison.png", xlabel="rollouts generated",
-                  ylabel="expected held-out accuracy - step-0 accuracy")
+                  ylabel=("avg@4" if extra.get("regime") == "reasoning" else "expected") + " held-out accuracy - step-0 accuracy")
     return md
 
 
-def rebuild(out: Path, gain: float = TARGET_GAIN) -> str:
+def late_tables(results: dict[str, list[dict]], on_trinity: dict[str, bool]) -> str:
+    """Markdown of the reasoning regime: rollouts and loop seconds to the late target per seed and
+    x ``epoch`` (paired), held-out accuracy at each pass's end (mean ± std over seeds), the same per
+    family, and how often the tasks a pass left out came back (:func:`task_returns`)."""
+    lines = ["", "Late target (start + `late_gain`, the mean of three consecutive evaluations), per seed: rollouts "
+             "(x `epoch` on that seed); loop seconds. Paired ratio over the seeds both reached, 95 % bootstrap interval.", "",
+             "| arm | on Trinity route | per seed: rollouts to late target (x epoch); loop s | rollouts x epoch | loop s x epoch |",
+             "|---|---|---|---|---|"]
+    epoch = {r.get("seed"): r for r in results.get("epoch", [])}
+
+    def p(x):
+        return "-" if x is None else f"{x['ratio']:.2f}x [{x['low']:.2f}, {x['high']:.2f}] ({x['n']})"
+
+    for arm, runs in results.items():
+        cells = []
+        for r in runs:
+            e = epoch.get(r.get("seed"), {}).get("to_late_rollouts")
+            x = r.get("to_late_rollouts")
+            ratio = f" ({x / e:.2f}x)" if x is not None and e else ""
+            sec = "-" if r.get("to_late_seconds") is None else f"{r['to_late_seconds']:.0f}"
+            cells.append(f"s{r.get('seed')}: {'-' if x is None else x}{ratio}; {sec}")
+        ep = results.get("epoch", [])
+        lines.append(f"| {arm} | {on_trinity.get(arm, '-')} | " + ", ".join(cells)
+                     + f" | {p(paired_ratio(runs, ep, 'to_late_rollouts'))} | {p(paired_ratio(runs, ep, 'to_late_seconds'))} |")
+    passes = max((len(r.get("heldout_at_pass_end") or []) for runs in results.values() for r in runs), default=0)
+    if passes:
+        lines += ["", "Held-out accuracy (avg@4) at the end of each pass (equal rollouts: the training tasks x 8), mean ± std over seeds:", "",
+                  "| arm | " + " | ".join(f"pass {k + 1}" for k in range(passes)) + " |", "|---|" + "---|" * passes]
+
+        def col(runs, k, get):
+            xs = [get(r)[k] for r in runs if get(r) and len(get(r)) > k]
+            st = _stats(xs)
+            return "-" if st is None else f"{st['mean']:.3f} ± {st['std']:.3f}"
+
+        for arm, runs in results.items():
+            lines.append(f"| {arm} | " + " | ".join(col(runs, k, lambda r: r.get("heldout_at_pass_end")) for k in range(passes)) + " |")
+        fams = sorted({f for runs in results.values() for r in runs for f in (r.get("heldout_by_family_at_pass_end") or {})})
+        for f in fams:
+            lines += ["", f"`{f}` held-out accuracy at each pass's end:", "",
+                      "| arm | " + " | ".join(f"pass {k + 1}" for k in range(passes)) + " |", "|---|" + "---|" * passes]
+            for arm, runs in results.items():
+                lines.append(f"| {arm} | " + " | ".join(
+                    col(runs, k, lambda r, f=f: (r.get("heldout_by_family_at_pass_end") or {}).get(f)) for k in range(passes)) + " |")
+    lines += ["", "Tasks left out and coming back, per family (summed over seeds): share of the family's tasks rolled out "
+              "in each pass-sized window (mean over seeds), task-windows after the first that left a task out, the share of "
+              "those rolled out again later, tasks never rolled out after the first window.", "",
+              "| arm | family | rolled share per window | left out | came back | never after first |", "|---|---|---|---|---|---|"]
+    for arm, runs in results.items():
+        tr = [r["task_returns"] for r in runs if r.get("task_returns")]
+        for f in sorted({f for t in tr for f in t}):
+            xs = [t[f] for t in tr if f in t]
+            share = np.mean([x["rolled_share"] for x in xs], axis=0) if len({len(x["rolled_share"]) for x in xs}) == 1 else []
+            back = [x["came_back"] for x in xs if x["came_back"] is not None]
+            never = [x["never_after_first"] for x in xs if x["never_after_first"] is not None]
+            lines.append(f"| {arm} | {f} | {' '.join(f'{v:.2f}' for v in share)} | {sum(x['left_out'] for x in xs)} "
+                         f"| {'-' if not back else f'{np.mean(back):.2f}'} | {'-' if not never else f'{np.mean(never):.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def rebuild(out: Path, gain: float = TARGET_GAIN, regime: str | None = None) -> str:
     """Rewrite comparison.json / .md / .png of ``out`` from its runs' ``<arm>-s<seed>/train.json``
     (after a change of the summary figures, or of an interrupted comparison); arms in
     :data:`ARMS` order, seeds in order. Returns the markdown."""
+    old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
+    regime = regime or old.get("regime", "exact")
     results: dict[str, list[dict]] = {}
     for arm in ARMS:
         files = sorted(out.glob(f"{arm}-s*/train.json"), key=lambda p: int(p.parent.name.rsplit("-s", 1)[1]))
         if files:
-            results[arm] = [run_summary(json.loads(p.read_text()), gain) for p in files]
+            results[arm] = [run_summary(json.loads(p.read_text()), gain, **summary_options(regime)) for p in files]
     if not results:
         raise FileNotFoundError(f"{out}: no <arm>-s<seed>/train.json of the arms {list(ARMS)}")
-    old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
-    extra = {**{k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}, "arms": list(results)}
+    extra = {**{k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}, "arms": list(results),
+             "regime": regime}
     return write_outputs(out, results, gain, extra)
 
 
 def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms: list[str] | None = None,
                    gain: float = TARGET_GAIN, spread: bool = True, first_seed: int = 0,
-                   log: Callable[[str], None] | None = None) -> dict:
+                   log: Callable[[str], None] | None = None, regime: str = "exact") -> dict:
     """Every arm x seed (seeds ``first_seed`` .. ``first_seed + seeds - 1``; another range than the
     default 0-4 checks a finding on seeds it was not read from), seed-major (all arms of the first
     seed first, so a partial run compares like with like), one vLLM engine for all runs (each run
@@ -604,37 +785,42 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
 
     say = log or (lambda msg: None)
     out.mkdir(parents=True, exist_ok=True)
-    chosen = arms or list(ARMS)
+    chosen = arms or (REASONING_ARMS if regime == "reasoning" else list(ARMS))
+    opts = summary_options(regime)
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
-    first = arm_config(chosen[0], first_seed, out, budget)
+    first = arm_config(chosen[0], first_seed, out, budget, regime)
     ensure_policy(_policy_dir(first), task_sets(first)[2], seed=first_seed, warm_steps=first.warm_steps, hidden=first.hidden,
                   layers=first.layers)
     engine = start_engine(_policy_dir(first), 0)
     results: dict[str, list[dict]] = {a: [] for a in chosen}
     started = time.monotonic()
     md = ""
-    extra: dict = {"budget": first.rollout_budget, "seeds": seeds, "first_seed": first_seed, "arms": chosen}
+    extra: dict = {"regime": regime, "budget": first.rollout_budget, "seeds": seeds, "first_seed": first_seed, "arms": chosen,
+                   "on_trinity": {a: runs_on_trinity(arm_config(a, first_seed, out, budget, regime)) for a in chosen},
+                   "accuracy": opts["accuracy"], "crossing_window": opts.get("window", 1)}
+    if regime == "reasoning":
+        extra.update(late_target_gain=opts["late_gain"], late_share=LATE_SHARE, tuning_seeds=list(TUNING_SEEDS))
     try:
         if spread:
-            extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget), engine=engine)
+            extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget, regime), engine=engine)
             write_json(out / "spread.json", extra["spread"])
             say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
         for seed in range(first_seed, first_seed + seeds):
             if spread:
-                cfg = base_config(out / "spread", seed, budget)
+                cfg = base_config(out / "spread", seed, budget, regime)
                 costs = extra["spread"]["train"]["pass_costs"] if seed == first_seed else measure_spread(cfg, engine=engine)["train"]["pass_costs"]
                 extra.setdefault("pass_costs", {})[str(seed)] = costs
                 say(f"seed {seed}, one pass: " + ", ".join(f"{r} {v['rollouts_per_informative']:.1f} ({v['x_full']:.2f}x)" for r, v in costs.items()))
             for arm in chosen:
-                cfg = arm_config(arm, seed, out, budget)
+                cfg = arm_config(arm, seed, out, budget, regime)
                 try:
                     s = run_dapo_training(cfg, engine=engine)
                 except Exception as exc:  # one failed run is reported, the comparison goes on
                     say(f"{arm} seed {seed}: FAILED: {type(exc).__name__}: {exc}")
                     extra.setdefault("failed", []).append({"arm": arm, "seed": seed, "error": f"{type(exc).__name__}: {exc}"})
                     continue
-                r = run_summary(s, gain)
+                r = run_summary(s, gain, **opts)
                 results[arm].append(r)
                 say(f"{arm} seed {seed}: held-out {r['start']:.3f} -> {r['final']:.3f}, to +{gain:.2f}: "
                     f"{r['to_target_rollouts']} rollouts / {r['to_target_seconds']} s, "
