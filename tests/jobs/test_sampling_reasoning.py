@@ -110,3 +110,19 @@ def test_only_screens_and_the_recipe_loop_are_off_the_trinity_route(tmp_path):
                                                                      "answer_screen", "dapo_recipe", "trinity_difficulty")}
     assert on == {"epoch": True, "greso": True, "predicted_skip": True, "screening": False, "answer_screen": False,
                   "dapo_recipe": False, "trinity_difficulty": True}
+
+
+@pytest.mark.slow
+def test_reasoning_smoke_writes_the_comparison(tmp_path):
+    import json
+
+    from orchestrator.jobs.sampling_compare import run_comparison
+
+    out = run_comparison(tmp_path, seeds=1, budget=256, arms=["epoch", "greso"], gain=0.0, spread=False, regime="reasoning")
+    data = json.loads((tmp_path / "comparison.json").read_text())
+    assert data["regime"] == "reasoning" and data["on_trinity"] == {"epoch": True, "greso": True}
+    assert all(r["on_trinity"] is True for r in data["rows"])
+    assert all("to_late_rollouts" in x for r in data["rows"] for x in r["per_seed"])
+    run = json.loads((tmp_path / "epoch-s0" / "train.json").read_text())
+    assert all("heldout_acc" in e and "heldout_expected_acc" not in e for e in run["evals"])  # sampled accuracy
+    assert "Late target" in out["markdown"]
