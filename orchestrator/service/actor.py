@@ -47,6 +47,7 @@ from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
 from orchestrator.core.machine import OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.passrate import task_tags
+from orchestrator.tasks.taskset import prompt_texts
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
@@ -132,7 +133,8 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_source(policy, rollout_source)
-        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
+        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set),
+                                     task_texts=prompt_texts(task_set))
         self.task_set = task_set
         self.rollout_source = rollout_source
         self.sink = sink
