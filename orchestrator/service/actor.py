@@ -389,6 +389,18 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         return out
 
     @ray.method(max_task_retries=RETRIES)
+    async def set_task_texts(self, texts: list[str]) -> int:
+        """Each task's prompt text, in task order (on the Trinity route the task selector reads them
+        from Trinity's taskset), for selections that learn from prompts (``pass_predictor``); kept
+        in the checkpoint. Idempotent. Returns the number of texts.
+
+        Raises:
+            ValueError: not one string per task.
+        """
+        await self._committed(lambda: self.core.set_task_texts(texts))
+        return len(texts)
+
+    @ray.method(max_task_retries=RETRIES)
     async def set_model_version(self, version: int) -> None:
         """The trainer's model version (after a weight sync); returns once it is committed."""
         await self._committed(lambda: self.core.set_model_version(version))
