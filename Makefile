@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long compare-sampling compare-sampling-exact compare-sampling-reasoning ablate demo-trinity check-gpu-install test bench docs install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long compare-sampling compare-sampling-exact compare-sampling-reasoning compare-sampling-trinity ablate demo-trinity check-gpu-install test bench docs install clean
 
 install: $(STAMP)
 
@@ -77,8 +77,15 @@ compare-sampling: compare-sampling-exact compare-sampling-reasoning
 compare-sampling-exact: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling
 
+<<<<<<< HEAD
 compare-sampling-reasoning: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling --regime reasoning
+=======
+# epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), 3 seeds
+# (docs/sampling-predictor.md); not part of `make test` (a short smoke is).
+compare-sampling-trinity: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-sampling-trinity
+>>>>>>> i58pred
 
 # The same four arms on 6x6 Sokoban rooms with a 20-turn budget, 5 seeds (long trajectories,
 # recurring states); not part of `make test`.

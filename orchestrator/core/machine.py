@@ -131,7 +131,8 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         ValueError: empty or duplicate task ids.
     """
 
-    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0, task_tags: list[str] | None = None):
+    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0, task_tags: list[str] | None = None,
+                 task_texts: list[str] | None = None):
         if not task_ids:
             raise ValueError("task_ids: the task set is empty")
         if len(set(task_ids)) != len(task_ids):
@@ -143,6 +144,9 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         self.seed = seed
         self.history = TaskHistory(len(task_ids))
         self.passrate = PassRateEstimate(len(task_ids), half_life=policy.passrate_half_life, tags=task_tags)
+        self.task_texts: list[str] | None = None  # each task's prompt text, for selections that read prompts
+        if task_texts is not None:
+            self.set_task_texts(task_texts)
         self.model_version = 0  # newest model version (model weights) seen
         # task order: one selection per mode used so far (the registry's, made on first use), each
         # keeping its place while another is active
@@ -216,6 +220,21 @@ class OrchestratorCore(Rounds, Submit, Release, CoreState):
         h.skip_until_epoch[:] = np.where(left > 0, new_epoch + left, 0)
         self.pick_epoch[:] = np.where(self.pick_epoch >= 0, np.maximum(new_epoch + self.pick_epoch - old_epoch, 0), -1)
         self._touch(np.arange(len(self.task_ids), dtype=np.int64))
+
+    def set_task_texts(self, texts: list[str]) -> None:
+        """Set each task's prompt text (task order), read by selections that learn from prompts
+        (``pass_predictor``); kept in the checkpoint.
+
+        Raises:
+            ValueError: not one string per task (the count or the first bad index is named).
+        """
+        texts = list(texts)
+        if len(texts) != len(self.task_ids):
+            raise ValueError(f"task_texts: expected one per task ({len(self.task_ids)}), got {len(texts)}")
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ValueError(f"task_texts: expected strings, got {short_repr(texts[bad])} at index {bad}")
+        self.task_texts = texts
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.

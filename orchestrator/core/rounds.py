@@ -107,6 +107,9 @@ class Rounds:
             zero_streak_wrong=self.history.consec_all_wrong,
             groups=self.history.groups,
             options=dict(p.selection_options),
+            prompts=self.task_texts if self.task_texts is not None else self.task_ids,
+            model_version=self.model_version,
+            group_size=p.group_size,
         )
 
     def select_tasks(self, count: int) -> list[str]:

@@ -42,6 +42,10 @@ class SelectionContext:
         groups: (T,) int64, each task's groups classified up to now (0: never rolled out); None
             when not given.
         options: the policy's ``selection_options`` (mode-specific settings, e.g. GRESO's).
+        prompts: T prompt texts (the task set's, in task order), or None when the orchestrator
+            has none (a mode reading prompts then reads the task ids).
+        model_version: the newest model version the orchestrator has seen.
+        group_size: rollouts per group (n of DAPO's Eq. 11).
     """
 
     skip_until_epoch: np.ndarray
@@ -54,6 +58,9 @@ class SelectionContext:
     zero_streak_wrong: np.ndarray | None = None
     groups: np.ndarray | None = None
     options: dict = field(default_factory=dict)
+    prompts: list[str] | None = None
+    model_version: int = 0
+    group_size: int = 8
 
 
 SELECTIONS: dict[str, type] = {}
@@ -127,6 +134,11 @@ class TaskSelection:
     def observe(self, task_idx: np.ndarray, informative: np.ndarray, all_correct: np.ndarray) -> None:
         """Feedback of classified groups: (G,) int64 task indices and (G,) bool outcomes.
         Called on every registered selection that exists, active or not. Default: nothing."""
+
+    def observe_rates(self, task_idx: np.ndarray, correct: np.ndarray, trials: np.ndarray, versions: np.ndarray) -> None:
+        """Feedback of the same groups as :meth:`observe`, as pass rates: (G,) int64 task indices,
+        (G,) int correct and valid rollouts, (G,) int64 model versions that produced them.
+        Called on every selection that exists, after :meth:`observe`. Default: nothing."""
 
     def task_row(self, i: int, ctx: SelectionContext) -> dict:
         """Mode-specific fields of ``GET /v1/tasks/{id}`` for task ``i`` (default: none)."""

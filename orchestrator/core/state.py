@@ -105,6 +105,7 @@ class CoreState:
             "policy": self.policy.model_dump(mode="json"),
             "policy_revision": self.policy_revision,
             "task_ids": self.task_ids,
+            "task_texts": self.task_texts,
             "seed": self.seed,
             "history": self.history.state_dict(),
             "model_version": self.model_version,
@@ -146,6 +147,8 @@ class CoreState:
         self.policy = ResamplingPolicy.parse(state["policy"])
         self.policy_revision = state["policy_revision"]
         self.seed = state["seed"]
+        if state.get("task_texts") is not None:
+            self.set_task_texts(state["task_texts"])
         self.history.load_state_dict(state["history"])
         for key in ("model_version", "batch_id", "rounds_started"):
             setattr(self, key, state[key])

@@ -299,6 +299,7 @@ class Submit:
         self.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
         for sel in self.selections.values():
             sel.observe(idx, keep, reasons == GroupReason.ALL_CORRECT)
+            sel.observe_rates(idx, n_correct, n_valid, versions)
         self._close_rounds(idx, keep)
         self.model_version = max(self.model_version, int(all_versions.max()))
         if self.policy.skip_after_all_correct or self.policy.skip_after_all_wrong:

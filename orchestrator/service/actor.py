@@ -47,6 +47,7 @@ from orchestrator.anchors.index import AnchorIndexError
 from orchestrator.anchors.owner import AnchorBatchLostError, AnchorIndexConfig, AnchorLifecycle
 from orchestrator.core.machine import OrchestratorCore, RoundPlan, trajectory_rollouts
 from orchestrator.core.passrate import task_tags
+from orchestrator.tasks.taskset import prompt_texts
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
@@ -132,7 +133,8 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
         self.retry_window = retry_window
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_source(policy, rollout_source)
-        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
+        self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set),
+                                     task_texts=prompt_texts(task_set))
         self.task_set = task_set
         self.rollout_source = rollout_source
         self.sink = sink
@@ -385,6 +387,18 @@ class Orchestrator(BatchHandOut, Submission, Attachment, Persistence, AnchorWatc
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return out
+
+    @ray.method(max_task_retries=RETRIES)
+    async def set_task_texts(self, texts: list[str]) -> int:
+        """Each task's prompt text, in task order (on the Trinity route the task selector reads them
+        from Trinity's taskset), for selections that learn from prompts (``pass_predictor``); kept
+        in the checkpoint. Idempotent. Returns the number of texts.
+
+        Raises:
+            ValueError: not one string per task.
+        """
+        await self._committed(lambda: self.core.set_task_texts(texts))
+        return len(texts)
 
     @ray.method(max_task_retries=RETRIES)
     async def set_model_version(self, version: int) -> None:

@@ -116,7 +116,7 @@ class Persistence:
             log.exception("commit to %s failed: back to the last commit", self.store.path)
             self._record_error("commit", f"commit to {self.store.path} failed (back to the last commit)")
             self.core = OrchestratorCore(self.core.policy, self.core.task_ids, seed=self.core.seed,
-                                         task_tags=self.core.passrate.task_tags())
+                                         task_tags=self.core.passrate.task_tags(), task_texts=self.core.task_texts)
             self.ready = []
             self._load()
 

@@ -1,0 +1,234 @@
+"""``compare-sampling-trinity``: ``epoch`` against a selection usable on the Trinity route, inside Trinity's explorer.
+
+Each arm and seed is one :func:`orchestrator.jobs.trinity_demo.run_trinity_demo` run: Trinity-RFT
+0.6.0's own explorer, taskset scheduler (asking our ``dso_orchestrator`` selector), workflow
+runners, experience pipeline (our operator) and queue, with our CPU trainer reading the queue,
+on the task set, warm start and policy of ``compare-sampling``
+(:func:`orchestrator.jobs.sampling_compare.base_config`); only the policy's ``selection`` differs
+between arms (:data:`ARMS`). The answer screen and screening are refused on this route
+(:meth:`orchestrator.trinity.attach.AttachConfig.resampling_policy`), so every arm here runs
+beside Trinity's explorer without the rollout engine.
+
+The held-out set is evaluated on one grid of rollouts for every arm (:func:`eval_grid`: every
+:data:`EVAL_EVERY` rollouts and at each pass's end, a pass being ``train_size x group_size``
+rollouts, the cost of one ``epoch`` pass). A target counts as reached at the first evaluation
+from which the mean of it and the next two stays at or above the target (:func:`crossing`), so
+one noisy evaluation cannot decide it. Two targets: :data:`TARGET_GAIN` (+5 points) and
+:data:`LATE_GAIN`, both fixed before the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.jobs.results import write_json
+
+ARMS: dict[str, dict] = {
+    "epoch": {},
+    "pass_predictor": {"selection": "pass_predictor"},
+}
+"""Arm -> its change of the policy (``epoch`` first: the baseline of every ratio)."""
+TRINITY_ROUTE = {"epoch": True, "pass_predictor": True}
+"""Whether each arm runs on the Trinity route (all do here: the route refuses the others)."""
+TARGET_GAIN = 0.05
+"""+5 points of held-out accuracy over the step-0 evaluation (the same weights for every arm of a seed)."""
+LATE_GAIN = 0.07
+"""The late target, fixed before the runs: +7 points, the last gain ``compare-sampling`` reports on
+this task set (``REPORT_GAINS``), which ``epoch`` crosses late in its budget."""
+EVAL_EVERY = {"exact": 1024, "reasoning": 384}
+"""Rollouts between held-out evaluations (besides each pass's end), by regime."""
+ACCURACY = {"exact": "heldout_expected_acc", "reasoning": "heldout_acc"}
+"""The held-out accuracy the crossings read, by regime: the expected accuracy where the response is
+the answer alone (the exact answer's chance is the pass rate), avg@k where it reasons first."""
+WINDOW = 3
+"""Evaluations averaged by :func:`crossing`."""
+PASSES = 10
+"""Passes over the training tasks in the default budget."""
+
+
+def eval_grid(budget: int, pass_rollouts: int, every: int) -> list[int]:
+    """Rollout counts to evaluate at: every ``every`` rollouts and at each multiple of
+    ``pass_rollouts`` (a pass's end), up to ``budget``; sorted, distinct."""
+    return sorted(set(range(every, budget + 1, every)) | set(range(pass_rollouts, budget + 1, pass_rollouts)))
+
+
+def crossing(evals: list[dict], gain: float, key: str, window: int = WINDOW) -> dict | None:
+    """The first evaluation from which the mean of ``window`` consecutive evaluations (it and the
+    next ``window - 1``; fewer at the end) stays at or above ``start + gain``, ``start`` being the
+    step-0 evaluation's ``key``.
+
+    Args:
+        evals: the run's evaluations in order, the first at step 0; each with ``rollouts``,
+            ``train_wall_seconds`` and ``key``.
+    Returns:
+        ``{"rollouts", "seconds", "eval"}`` of that evaluation, or None when there is none.
+    """
+    acc = [e.get(key) for e in evals]
+    if any(a is None for a in acc):
+        raise ValueError(f"evals: every evaluation needs {key!r}")
+    target = acc[0] + gain
+    means = [statistics.fmean(acc[i:i + window]) for i in range(len(acc))]
+    for i in range(1, len(acc)):
+        if all(m >= target - 1e-12 for m in means[i:]):
+            return {"rollouts": int(evals[i]["rollouts"]), "seconds": float(evals[i]["train_wall_seconds"]), "eval": i}
+    return None
+
+
+def run_arm(arm: str, seed: int, out: Path, *, budget: int, regime: str = "exact", train_size: int | None = None,
+            serve_url: str | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """One arm and seed inside Trinity's explorer; returns the run's summary (``trinity_demo.json``)."""
+    from orchestrator.jobs.dapo_train import _policy_dir, task_sets
+    from orchestrator.jobs.sampling_compare import base_config
+    from orchestrator.jobs.trinity_demo import TrinityDemoConfig, run_trinity_demo
+    from orchestrator.train.tiny import ensure_policy
+
+    base = base_config(out / f"{arm}-s{seed}", seed, budget, **({"regime": regime} if regime != "exact" else {}))
+    if train_size is not None:
+        base = base.model_copy(update={"train_size": train_size})
+    train, held, warm = task_sets(base)
+    model_dir = ensure_policy(_policy_dir(base), warm, seed=seed, warm_steps=base.warm_steps, hidden=base.hidden,
+                              layers=base.layers)
+    policy = {**base.policy.model_dump(mode="json", include={"filter", "max_replenish_rounds", "max_staleness"}), **ARMS[arm]}
+    exact = regime == "exact"  # there the exact answer's chance is the pass rate: expected accuracy, no sampling error
+    cfg = TrinityDemoConfig(seed=seed, out_dir=base.out_dir, rollout_budget=budget, heldout_size=len(held),
+                            train_size=len(train), max_tokens=base.max_tokens, overlong_cache=base.overlong_cache,
+                            answer_format=next(iter(train)).answer_format or "number",
+                            policy=policy, trainer=base.trainer, eval_samples=base.eval_samples,
+                            eval_at_rollouts=eval_grid(budget, len(train) * base.policy.group_size, EVAL_EVERY[regime]),
+                            eval_expected=exact, eval_samples_between=0 if exact else base.eval_samples)
+    return run_trinity_demo(cfg, serve_url=serve_url, log=log, tasks=(train, held, model_dir))
+
+
+def arm_result(summary: dict, key: str) -> dict:
+    """What the comparison keeps of one run: crossings of both targets, accuracies, pass ends, the predictor's quality."""
+    evals = summary["evals"]
+    target, late = crossing(evals, TARGET_GAIN, key), crossing(evals, LATE_GAIN, key)
+    cfg = summary["config"]
+    pass_rollouts = cfg["train_size"] * summary["trinity"]["repeat_times"]
+    by_pass: dict[int, float] = {}
+    for e in evals[1:]:  # the first evaluation at or past each pass's end (the grid has one there)
+        k = e["rollouts"] // pass_rollouts
+        if k >= 1 and k not in by_pass:
+            by_pass[k] = e[key]
+    metrics = summary["stats"].get("selection_metrics", {})
+    return {
+        "start": evals[0][key], "final": evals[-1][key], "final_rollouts": evals[-1]["rollouts"],
+        "target_rollouts": target and target["rollouts"], "target_seconds": target and target["seconds"],
+        "late_rollouts": late and late["rollouts"], "late_seconds": late and late["seconds"],
+        "acc_at_pass_end": {str(k): v for k, v in sorted(by_pass.items())},
+        "wall_seconds": summary["wall_seconds"],
+        "prediction_corr": metrics.get("prediction_corr"), "prediction_brier": metrics.get("prediction_brier"),
+        "forced_revisits": metrics.get("forced_revisits"), "predictions_scored": metrics.get("predictions_scored"),
+        "prompts_from_taskset": summary["actor_checkpoint"].get("task_texts", 0),
+        "curve": [[e["rollouts"], e[key]] for e in evals],
+    }
+
+
+def ratios(results: dict[str, dict[int, dict]], field: str) -> dict[str, dict]:
+    """Per arm: ``field`` over ``epoch``'s, per seed where both reached it, and their mean."""
+    base = results.get("epoch", {})
+    out = {}
+    for arm, per_seed in results.items():
+        r = {s: per_seed[s][field] / base[s][field] for s in per_seed
+             if s in base and per_seed[s][field] and base[s][field]}
+        out[arm] = {"per_seed": {str(s): v for s, v in r.items()}, "mean": statistics.fmean(r.values()) if r else None}
+    return out
+
+
+def report(results: dict[str, dict[int, dict]], meta: dict) -> tuple[dict, str]:
+    """``comparison.json``'s content and ``comparison.md``'s table."""
+    data = {
+        **meta,
+        "targets": {"target_gain": TARGET_GAIN, "late_gain": LATE_GAIN, "window": WINDOW},
+        "arms": {arm: {"trinity_route": TRINITY_ROUTE[arm], "policy": ARMS[arm],
+                       "late_rollouts_per_seed": {str(s): r["late_rollouts"] for s, r in per.items()},
+                       "target_rollouts_per_seed": {str(s): r["target_rollouts"] for s, r in per.items()},
+                       "late_seconds_per_seed": {str(s): r["late_seconds"] for s, r in per.items()},
+                       "runs": {str(s): r for s, r in per.items()}}
+                 for arm, per in results.items()},
+        "late_rollouts_ratio_vs_epoch": ratios(results, "late_rollouts"),
+        "target_rollouts_ratio_vs_epoch": ratios(results, "target_rollouts"),
+        "late_seconds_ratio_vs_epoch": ratios(results, "late_seconds"),
+    }
+    seeds = sorted({s for per in results.values() for s in per})
+    lines = [f"# compare-sampling-trinity ({meta['regime']} regime, Trinity-RFT 0.6.0's explorer)", "",
+             f"Targets: +{TARGET_GAIN * 100:.0f} points and late +{LATE_GAIN * 100:.0f} points of held-out accuracy "
+             f"(mean of {WINDOW} evaluations stays at or above). Rollouts to each, per seed; ratio to `epoch` on the same seed.", "",
+             "| arm | seed | start | final | rollouts to +target | x epoch | rollouts to late | x epoch | late loop s | corr | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rt, rl = data["target_rollouts_ratio_vs_epoch"], data["late_rollouts_ratio_vs_epoch"]
+    fmt = lambda x, f="{:.2f}": "-" if x is None else f.format(x)  # noqa: E731
+    for arm, per in results.items():
+        for s in seeds:
+            if s not in per:
+                continue
+            r = per[s]
+            lines.append(f"| {arm} | {s} | {r['start']:.3f} | {r['final']:.3f} | {fmt(r['target_rollouts'], '{}')} | "
+                         f"{fmt(rt[arm]['per_seed'].get(str(s)))} | {fmt(r['late_rollouts'], '{}')} | "
+                         f"{fmt(rl[arm]['per_seed'].get(str(s)))} | {fmt(r['late_seconds'], '{:.0f}')} | "
+                         f"{fmt(r['prediction_corr'])} | {r['wall_seconds']:.0f} |")
+    lines += ["", "Mean ratios to `epoch` (seeds where both reached): " + ", ".join(
+        f"{arm}: +target {fmt(rt[arm]['mean'])}, late {fmt(rl[arm]['mean'])}" for arm in results if arm != "epoch")]
+    passes = max((int(k) for per in results.values() for r in per.values() for k in r["acc_at_pass_end"]), default=0)
+    lines += ["", "Held-out accuracy at each pass's end:", "", "| arm | seed | " + " | ".join(
+        f"pass {k}" for k in range(1, passes + 1)) + " |", "|---|---|" + "---|" * passes]
+    for arm, per in results.items():
+        for s in seeds:
+            if s in per:
+                accs = per[s]["acc_at_pass_end"]
+                lines.append(f"| {arm} | {s} | " + " | ".join(fmt(accs.get(str(k)), "{:.3f}") for k in range(1, passes + 1)) + " |")
+    return data, "\n".join(lines) + "\n"
+
+
+def run_comparison(out: Path, *, seeds: int = 3, first_seed: int = 0, budget: int | None = None, regime: str = "exact",
+                   train_size: int | None = None, arms: list[str] | None = None, serve_url: str | None = None,
+                   log: Callable[[str], None] | None = None) -> dict:
+    """Every arm x seed (seed-major: the arms of a seed run back to back), then ``comparison.json``
+    and ``comparison.md`` in ``out`` (rewritten after each run, so a stopped comparison keeps what
+    it finished). Returns the JSON's content.
+
+    Raises:
+        ValueError: an unknown arm.
+    """
+    import ray
+
+    from orchestrator.jobs.sampling_compare import base_config
+
+    arms = list(arms or ARMS)
+    if unknown := [a for a in arms if a not in ARMS]:
+        raise ValueError(f"arms: unknown {unknown}; choose from {list(ARMS)}")
+    if regime not in ACCURACY:
+        raise ValueError(f"regime: unknown {regime!r}; choose from {list(ACCURACY)}")
+    base = base_config(Path(out), first_seed, None, **({"regime": regime} if regime != "exact" else {}))
+    size = train_size or base.train_size
+    budget = budget or PASSES * size * base.policy.group_size
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda m: None)
+    started = time.monotonic()
+    results: dict[str, dict[int, dict]] = {a: {} for a in arms}
+    data: dict = {}
+    for seed in range(first_seed, first_seed + seeds):
+        for arm in arms:
+            t0 = time.monotonic()
+            say(f"== {arm} seed {seed} (budget {budget} rollouts, {size} training tasks)")
+            summary = run_arm(arm, seed, out, budget=budget, regime=regime, train_size=train_size, serve_url=serve_url,
+                              log=log)
+            results[arm][seed] = arm_result(summary, ACCURACY[regime])
+            say(f"== {arm} seed {seed}: {time.monotonic() - t0:.0f} s; late target at {results[arm][seed]['late_rollouts']} rollouts")
+            meta = {"regime": regime, "accuracy": ACCURACY[regime], "route": "trinity", "budget": budget, "train_size": size,
+                    "seeds": list(range(first_seed, seed + 1)), "wall_seconds": round(time.monotonic() - started, 1),
+                    "ray_cpus": ray.cluster_resources().get("CPU") if ray.is_initialized() else None}
+            data, md = report(results, meta)
+            write_json(out / "comparison.json", data)
+            (out / "comparison.md").write_text(md)
+    return data
+
+
+def load(out: Path) -> dict:
+    """``comparison.json`` of ``out``."""
+    return json.loads((Path(out) / "comparison.json").read_text())
