@@ -36,46 +36,50 @@ TRINITY_ROUTE = {"epoch": True, "pass_predictor": True}
 """Whether each arm runs on the Trinity route (all do here: the route refuses the others)."""
 TARGET_GAIN = 0.05
 """+5 points of held-out accuracy over the step-0 evaluation (the same weights for every arm of a seed)."""
-LATE_GAIN = 0.07
-"""The late target, fixed before the runs: +7 points, the last gain ``compare-sampling`` reports on
-this task set (``REPORT_GAINS``), which ``epoch`` crosses late in its budget."""
-EVAL_EVERY = {"exact": 1024, "reasoning": 384}
-"""Rollouts between held-out evaluations (besides each pass's end), by regime."""
+LATE_GAIN = {"exact": 0.07, "reasoning": None}
+"""The late target by regime, fixed before the runs. Exact-answer regime: +7 points, the last gain
+``compare-sampling`` reports there (``REPORT_GAINS``). Reasoning regime: ``compare-sampling``'s
+``REASONING["late_gain"]`` (80 % of ``epoch``'s mean final gain on its tuning seeds) when fixed,
+read at run time; None until then (the curves are kept, so it can be read off afterwards)."""
+GAINS = (0.03, 0.05, 0.07, 0.10)
+"""Every gain whose crossing is also reported per run (rollouts), to read any target off afterwards."""
 ACCURACY = {"exact": "heldout_expected_acc", "reasoning": "heldout_acc"}
 """The held-out accuracy the crossings read, by regime: the expected accuracy where the response is
 the answer alone (the exact answer's chance is the pass rate), avg@k where it reasons first."""
-WINDOW = 3
-"""Evaluations averaged by :func:`crossing`."""
-PASSES = 10
-"""Passes over the training tasks in the default budget."""
+WINDOW = {"exact": 1, "reasoning": 3}
+"""Evaluations averaged by :func:`crossing`, by regime (``compare-sampling``'s)."""
+PASSES = 12
+"""Passes over the training tasks in the default budget (the reasoning regime's)."""
 
 
-def eval_grid(budget: int, pass_rollouts: int, every: int) -> list[int]:
-    """Rollout counts to evaluate at: every ``every`` rollouts and at each multiple of
+def eval_grid(grid: list[int], budget: int, pass_rollouts: int) -> list[int]:
+    """Rollout counts to evaluate at: ``compare-sampling``'s grid of the regime and each multiple of
     ``pass_rollouts`` (a pass's end), up to ``budget``; sorted, distinct."""
-    return sorted(set(range(every, budget + 1, every)) | set(range(pass_rollouts, budget + 1, pass_rollouts)))
+    return sorted({g for g in grid if g <= budget} | set(range(pass_rollouts, budget + 1, pass_rollouts)))
 
 
-def crossing(evals: list[dict], gain: float, key: str, window: int = WINDOW) -> dict | None:
-    """The first evaluation from which the mean of ``window`` consecutive evaluations (it and the
-    next ``window - 1``; fewer at the end) stays at or above ``start + gain``, ``start`` being the
-    step-0 evaluation's ``key``.
+def crossing(evals: list[dict], gain: float, key: str, window: int) -> dict | None:
+    """The crossing of ``start + gain`` (``start``: the step-0 evaluation's ``key``) as
+    ``compare-sampling`` reads it (:func:`orchestrator.jobs.sampling_compare.settled_crossing`):
+    the first evaluation from which the mean of it and the next ``window - 1`` is at or above.
 
     Args:
         evals: the run's evaluations in order, the first at step 0; each with ``rollouts``,
             ``train_wall_seconds`` and ``key``.
     Returns:
-        ``{"rollouts", "seconds", "eval"}`` of that evaluation, or None when there is none.
+        ``{"rollouts", "seconds", "eval"}`` of that evaluation (never the step-0 one), or None.
+    Raises:
+        ValueError: an evaluation without ``key``.
     """
-    acc = [e.get(key) for e in evals]
-    if any(a is None for a in acc):
+    from orchestrator.jobs.sampling_compare import settled_crossing
+
+    if any(e.get(key) is None for e in evals):
         raise ValueError(f"evals: every evaluation needs {key!r}")
-    target = acc[0] + gain
-    means = [statistics.fmean(acc[i:i + window]) for i in range(len(acc))]
-    for i in range(1, len(acc)):
-        if all(m >= target - 1e-12 for m in means[i:]):
-            return {"rollouts": int(evals[i]["rollouts"]), "seconds": float(evals[i]["train_wall_seconds"]), "eval": i}
-    return None
+    i = settled_crossing(evals[1:], key, evals[0][key] + gain, window)
+    if i is None:
+        return None
+    e = evals[i + 1]
+    return {"rollouts": int(e["rollouts"]), "seconds": float(e["train_wall_seconds"]), "eval": i + 1}
 
 
 def run_arm(arm: str, seed: int, out: Path, *, budget: int, regime: str = "exact", train_size: int | None = None,
@@ -98,15 +102,26 @@ def run_arm(arm: str, seed: int, out: Path, *, budget: int, regime: str = "exact
                             train_size=len(train), max_tokens=base.max_tokens, overlong_cache=base.overlong_cache,
                             answer_format=next(iter(train)).answer_format or "number",
                             policy=policy, trainer=base.trainer, eval_samples=base.eval_samples,
-                            eval_at_rollouts=eval_grid(budget, len(train) * base.policy.group_size, EVAL_EVERY[regime]),
+                            eval_at_rollouts=eval_grid(base.eval_at_rollouts or [], budget, len(train) * base.policy.group_size),
                             eval_expected=exact, eval_samples_between=0 if exact else base.eval_samples)
     return run_trinity_demo(cfg, serve_url=serve_url, log=log, tasks=(train, held, model_dir))
 
 
-def arm_result(summary: dict, key: str) -> dict:
-    """What the comparison keeps of one run: crossings of both targets, accuracies, pass ends, the predictor's quality."""
+def late_gain(regime: str) -> float | None:
+    """The regime's late target (:data:`LATE_GAIN`; the reasoning regime's read from ``compare-sampling``)."""
+    if regime == "reasoning":
+        from orchestrator.jobs.sampling_compare import REASONING
+
+        return REASONING.get("late_gain")
+    return LATE_GAIN[regime]
+
+
+def arm_result(summary: dict, key: str, window: int, late: float | None) -> dict:
+    """What the comparison keeps of one run: crossings of both targets (and of :data:`GAINS`),
+    accuracies, pass ends, the predictor's quality, the curve."""
     evals = summary["evals"]
-    target, late = crossing(evals, TARGET_GAIN, key), crossing(evals, LATE_GAIN, key)
+    target = crossing(evals, TARGET_GAIN, key, window)
+    late_hit = crossing(evals, late, key, window) if late is not None else None
     cfg = summary["config"]
     pass_rollouts = cfg["train_size"] * summary["trinity"]["repeat_times"]
     by_pass: dict[int, float] = {}
@@ -118,7 +133,9 @@ def arm_result(summary: dict, key: str) -> dict:
     return {
         "start": evals[0][key], "final": evals[-1][key], "final_rollouts": evals[-1]["rollouts"],
         "target_rollouts": target and target["rollouts"], "target_seconds": target and target["seconds"],
-        "late_rollouts": late and late["rollouts"], "late_seconds": late and late["seconds"],
+        "late_gain": late, "late_rollouts": late_hit and late_hit["rollouts"], "late_seconds": late_hit and late_hit["seconds"],
+        "rollouts_to_gain": {f"{g:+.2f}": (c["rollouts"] if (c := crossing(evals, g, key, window)) else None) for g in GAINS},
+        "rollouts_total": summary["rollouts"],
         "acc_at_pass_end": {str(k): v for k, v in sorted(by_pass.items())},
         "wall_seconds": summary["wall_seconds"],
         "prediction_corr": metrics.get("prediction_corr"), "prediction_brier": metrics.get("prediction_brier"),
@@ -143,7 +160,7 @@ def report(results: dict[str, dict[int, dict]], meta: dict) -> tuple[dict, str]:
     """``comparison.json``'s content and ``comparison.md``'s table."""
     data = {
         **meta,
-        "targets": {"target_gain": TARGET_GAIN, "late_gain": LATE_GAIN, "window": WINDOW},
+        "targets": {"target_gain": TARGET_GAIN, "late_gain": late_gain(meta["regime"]), "window": WINDOW[meta["regime"]]},
         "arms": {arm: {"trinity_route": TRINITY_ROUTE[arm], "policy": ARMS[arm],
                        "late_rollouts_per_seed": {str(s): r["late_rollouts"] for s, r in per.items()},
                        "target_rollouts_per_seed": {str(s): r["target_rollouts"] for s, r in per.items()},
@@ -155,9 +172,12 @@ def report(results: dict[str, dict[int, dict]], meta: dict) -> tuple[dict, str]:
         "late_seconds_ratio_vs_epoch": ratios(results, "late_seconds"),
     }
     seeds = sorted({s for per in results.values() for s in per})
+    late = data["targets"]["late_gain"]
     lines = [f"# compare-sampling-trinity ({meta['regime']} regime, Trinity-RFT 0.6.0's explorer)", "",
-             f"Targets: +{TARGET_GAIN * 100:.0f} points and late +{LATE_GAIN * 100:.0f} points of held-out accuracy "
-             f"(mean of {WINDOW} evaluations stays at or above). Rollouts to each, per seed; ratio to `epoch` on the same seed.", "",
+             f"Targets: +{TARGET_GAIN * 100:.0f} points and late "
+             f"{'(not fixed)' if late is None else f'+{late * 100:.1f} points'} of held-out accuracy "
+             f"(`{meta['accuracy']}`, mean of {data['targets']['window']} evaluations at or above). Rollouts to each, per seed; "
+             "ratio to `epoch` on the same seed.", "",
              "| arm | seed | start | final | rollouts to +target | x epoch | rollouts to late | x epoch | late loop s | corr | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rt, rl = data["target_rollouts_ratio_vs_epoch"], data["late_rollouts_ratio_vs_epoch"]
@@ -218,7 +238,7 @@ def run_comparison(out: Path, *, seeds: int = 3, first_seed: int = 0, budget: in
             say(f"== {arm} seed {seed} (budget {budget} rollouts, {size} training tasks)")
             summary = run_arm(arm, seed, out, budget=budget, regime=regime, train_size=train_size, serve_url=serve_url,
                               log=log)
-            results[arm][seed] = arm_result(summary, ACCURACY[regime])
+            results[arm][seed] = arm_result(summary, ACCURACY[regime], WINDOW[regime], late_gain(regime))
             say(f"== {arm} seed {seed}: {time.monotonic() - t0:.0f} s; late target at {results[arm][seed]['late_rollouts']} rollouts")
             meta = {"regime": regime, "accuracy": ACCURACY[regime], "route": "trinity", "budget": budget, "train_size": size,
                     "seeds": list(range(first_seed, seed + 1)), "wall_seconds": round(time.monotonic() - started, 1),
