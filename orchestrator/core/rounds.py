@@ -110,6 +110,7 @@ class Rounds:
             prompts=self.task_texts if self.task_texts is not None else self.task_ids,
             model_version=self.model_version,
             group_size=p.group_size,
+            last_drawn_epoch=self.pick_epoch,
         )
 
     def select_tasks(self, count: int) -> list[str]:

@@ -46,6 +46,8 @@ class SelectionContext:
             has none (a mode reading prompts then reads the task ids).
         model_version: the newest model version the orchestrator has seen.
         group_size: rollouts per group (n of DAPO's Eq. 11).
+        last_drawn_epoch: (T,) int64, the active selection's epoch each task was last drawn in (-1:
+            never; the orchestrator's ``pick_epoch``) as the draw starts, or None when not given.
     """
 
     skip_until_epoch: np.ndarray
@@ -61,6 +63,7 @@ class SelectionContext:
     prompts: list[str] | None = None
     model_version: int = 0
     group_size: int = 8
+    last_drawn_epoch: np.ndarray | None = None
 
 
 SELECTIONS: dict[str, type] = {}

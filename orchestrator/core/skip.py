@@ -18,7 +18,14 @@ When its turn comes, a task is rolled out with probability::
 so tasks predicted informative at least ``keep_at`` are always kept, and a task predicted
 never informative is still tried with probability ``floor`` (GRESO's ``p_min`` plays this part:
 the model changes, and a skipped task must be looked at again sometime). ``keep_at`` and
-``floor`` are keys of the policy's ``selection_options`` (defaults :data:`DEFAULTS`). The draw is
+``floor`` are keys of the policy's ``selection_options`` (defaults :data:`DEFAULTS`).
+
+A task passed over at its last ``max_skip_epochs`` turns (epochs) is rolled out at the next, whatever
+its prediction (:func:`overdue`): the bounded skip age. Over many passes a skip that lets a task
+sit out for ever never sees the policy drift on it (forgetting a family it always solved, or
+starting to solve one it never did); the bound keeps every task's evidence at most
+``max_skip_epochs + 1`` passes old. GRESO has no such bound (its ``p_min`` floor only); ``greso``
+keeps GRESO's rule. ``max_skip_epochs`` is a key of ``selection_options`` too. The draw is
 counter-based (``default_rng([seed, 3, epoch])``, one uniform per task and epoch), so a
 checkpoint restores the same skips; a task passed over stays passed over for the epoch.
 """
@@ -29,7 +36,7 @@ import numpy as np
 
 from orchestrator.core.selection import EpochSelection, SelectionContext, check_unit_ranges, mode_options, register_selection
 
-DEFAULTS = {"keep_at": 0.5, "floor": 0.05}
+DEFAULTS = {"keep_at": 0.5, "floor": 0.05, "max_skip_epochs": 3.0}
 """``selection_options`` keys of ``predicted_skip`` and their defaults (see the module docstring)."""
 
 
@@ -51,13 +58,29 @@ def keep_probability(informative: np.ndarray, keep_at: float, floor: float, powe
     return np.clip((np.asarray(informative, dtype=np.float64) / keep_at) ** power, floor, 1.0)
 
 
+def overdue(epoch: int, last_drawn: np.ndarray | None, max_skip_epochs: float) -> np.ndarray | bool:
+    """(k,) bool: tasks last drawn more than ``max_skip_epochs + 1`` epochs before ``epoch``, i.e.
+    passed over at their last ``max_skip_epochs`` turns (``last_drawn`` -1: never drawn, as if
+    drawn in epoch -1). False everywhere when ``last_drawn`` is None.
+
+    Args:
+        epoch: the epoch whose turn it is.
+        last_drawn: (k,) int64 or None.
+    """
+    if last_drawn is None:
+        return False
+    return epoch - np.asarray(last_drawn, dtype=np.int64) > max_skip_epochs
+
+
 def check_options(opts: dict[str, float]) -> None:
-    """Refuse a ``keep_at`` outside (0, 1] or a ``floor`` outside [0, 1].
+    """Refuse a ``keep_at`` outside (0, 1], a ``floor`` outside [0, 1] or a negative ``max_skip_epochs``.
 
     Raises:
         ValueError: naming the key and the value (:func:`check_unit_ranges`).
     """
     check_unit_ranges(opts, open_low=("keep_at",), closed=("floor",))
+    if not opts["max_skip_epochs"] >= 0:
+        raise ValueError(f"selection_options.max_skip_epochs: must be >= 0, got {opts['max_skip_epochs']!r}")
 
 
 @register_selection
@@ -81,7 +104,9 @@ class PredictedSkipSelection(EpochSelection):
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = super().eligible(tasks, ctx)
         u = np.random.default_rng([self.seed, 3, self._epoch]).random(self.num_tasks)[tasks]
-        return base & (u < keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"]))
+        last = None if ctx.last_drawn_epoch is None else ctx.last_drawn_epoch[tasks]
+        keep = u < keep_probability(ctx.informative[tasks], self.options["keep_at"], self.options["floor"])
+        return base & (keep | overdue(self._epoch, last, self.options["max_skip_epochs"]))
 
     def task_row(self, i: int, ctx: SelectionContext) -> dict:
         """``keep_probability``: the chance task ``i`` is rolled out when its turn comes."""
