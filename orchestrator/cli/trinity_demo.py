@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(None, min=64, help="Rollouts per arm and seed (default: ten passes)."),
         train_size: int | None = typer.Option(None, min=8, help="Training tasks (default: compare-sampling's)."),
         arms: str | None = typer.Option(None, help="Comma-separated arms (default: epoch,pass_predictor)."),
-        regime: str = typer.Option("exact", help="Task regime: 'exact' (the response is the answer) or 'reasoning'."),
+        regime: str = typer.Option("reasoning", help="Task regime: 'reasoning' (reasoning before the answer) or 'exact' (the response is the answer)."),
         out: Path = typer.Option(Path("runs/sampling-compare-trinity"), help="Output directory (comparison.md, comparison.json, runs)."),
     ) -> None:
         """epoch vs the best selection usable on the Trinity route, inside Trinity-RFT 0.6.0's explorer (CPU trainer)."""

@@ -204,7 +204,7 @@ def report(results: dict[str, dict[int, dict]], meta: dict) -> tuple[dict, str]:
     return data, "\n".join(lines) + "\n"
 
 
-def run_comparison(out: Path, *, seeds: int = 3, first_seed: int = 0, budget: int | None = None, regime: str = "exact",
+def run_comparison(out: Path, *, seeds: int = 3, first_seed: int = 0, budget: int | None = None, regime: str = "reasoning",
                    train_size: int | None = None, arms: list[str] | None = None, serve_url: str | None = None,
                    log: Callable[[str], None] | None = None) -> dict:
     """Every arm x seed (seed-major: the arms of a seed run back to back), then ``comparison.json``
