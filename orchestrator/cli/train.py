@@ -108,7 +108,7 @@ DAPO_ARMS = "dapo, no_clip_higher, no_dynamic_sampling, no_token_loss, no_overlo
 lives in a module that imports torch; a test keeps the two equal)."""
 GIGPO_ARMS = "gigpo, omega0, multi_step_grpo, gigpo_norm_none"
 """The arms of ``compare-gigpo`` for its help (:data:`orchestrator.jobs.gigpo_compare.ARMS`)."""
-SAMPLING_ARMS = "epoch, informative, screening, predicted_skip, greso_prior, answer_screen, greso, trinity_difficulty, dapo_recipe, grpo"
+SAMPLING_ARMS = "epoch, informative, screening, predicted_skip, greso_prior, answer_screen, pass_predictor, greso, trinity_difficulty, dapo_recipe, grpo"
 """The arms of ``compare-sampling`` for its help (:data:`orchestrator.jobs.sampling_compare.ARMS`)."""
 
 

@@ -10,6 +10,7 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 ``predicted_skip``       epoch order, tasks skipped by their predicted chance (:mod:`orchestrator.core.skip`)
 ``greso_prior``          ours combined: GRESO's streak skip for tasks rolled out before, the prior's skip for the rest
 ``answer_screen``        epoch order, tasks skipped by the policy's own chance of the exact answer (one forward pass each)
+``pass_predictor``       epoch order, tasks skipped by a pass-rate model shared by all tasks (:mod:`orchestrator.core.pass_predictor`)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
 ``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
@@ -98,7 +99,7 @@ REGIMES = ("exact", "reasoning")
 (intermediate results before the answer: :data:`REASONING`)."""
 
 REASONING: dict = {
-    "families": FAMILIES, "train_size": 64, "heldout_size": 128, "warm_pool": WARM_POOL, "warm_steps": 300,
+    "families": FAMILIES, "train_size": 64, "heldout_size": 128, "warm_pool": WARM_POOL, "warm_steps": 500,
     "max_tokens": 16, "lr": LR, "budget": 64 * 8 * 12,
     "eval_at": [*range(256, 2049, 256), *range(2560, 64 * 8 * 12 + 1, 512)], "eval_samples": 4,
     "late_gain": None,
@@ -114,7 +115,7 @@ crossings are read from the mean of three consecutive evaluations (:func:`settle
 ``late_gain``: the late target (:data:`LATE_SHARE` of ``epoch``'s mean final gain on
 :data:`TUNING_SEEDS`), fixed before the comparison's runs."""
 
-REASONING_ARMS = ["epoch", "greso", "greso_prior", "predicted_skip", "informative"]
+REASONING_ARMS = ["epoch", "pass_predictor", "greso", "greso_prior", "predicted_skip"]
 """The reasoning regime's default arms (``--regime reasoning``): ``epoch`` and the arms that run on
 the Trinity route (:func:`runs_on_trinity`); the answer screen and screening cannot."""
 TUNING_SEEDS = (100, 101, 102)
@@ -132,12 +133,13 @@ ARMS: dict[str, dict] = {
     "predicted_skip": {"policy": {"selection": "predicted_skip"}},
     "greso_prior": {"policy": {"selection": "greso_prior"}},
     "answer_screen": {"policy": {"answer_screen": True}},
+    "pass_predictor": {"policy": {"selection": "pass_predictor"}},
     "greso": {"policy": {"selection": "greso"}},
     "trinity_difficulty": {"reference_loop": "trinity_difficulty"},
     "dapo_recipe": {"reference_loop": "dapo_recipe"},
     "grpo": {"dynamic_sampling": False},
 }
-OURS = ("informative", "screening", "predicted_skip", "greso_prior", "answer_screen")
+OURS = ("informative", "screening", "predicted_skip", "greso_prior", "answer_screen", "pass_predictor")
 
 
 def runs_on_trinity(cfg: DapoTrainConfig) -> bool:
@@ -146,6 +148,22 @@ def runs_on_trinity(cfg: DapoTrainConfig) -> bool:
     there: Trinity's workflow rolls a whole group, and the orchestrator does not hold its engine), not
     the DAPO recipe's own loop; every selection mode and Trinity's ``difficulty_based`` selector do."""
     return not (cfg.policy.screen_rollouts or cfg.policy.answer_screen or cfg.reference_loop == "dapo_recipe")
+
+
+def late_gain(runs: list[dict], share: float = LATE_SHARE, window: int = WINDOW, key: str = SAMPLED) -> float:
+    """The late target from ``epoch``'s tuning runs: ``share`` x the mean over runs of the final gain,
+    each run's mean ``key`` over its last ``window`` evaluations minus its step-0 value (the mean of
+    three, as the crossings read it, so one noisy last evaluation does not set the target).
+
+    Args:
+        runs: ``train.json`` summaries (``evals`` with ``key``), at least one.
+    Raises:
+        ValueError: no run.
+    """
+    if not runs:
+        raise ValueError("late_gain needs at least one tuning run")
+    gains = [float(np.mean([e[key] for e in r["evals"][-window:]])) - float(r["evals"][0][key]) for r in runs]
+    return share * float(np.mean(gains))
 
 
 def summary_options(regime: str) -> dict:

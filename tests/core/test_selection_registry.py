@@ -206,3 +206,8 @@ def test_cooldowns_keep_their_epochs_left_across_a_selection_patch():
     c.set_policy(c.policy.updated({"selection": "informative"}))  # informative's epoch is 0
     st = c.task_stats(t)
     assert st.epoch == 0 and st.next_eligible_epoch == 3  # 3 epochs left (epoch 2's rest, 3, 4), counted from 0
+
+
+def test_greso_refuses_a_minimum_above_the_cap():
+    with pytest.raises(ValueError, match=r"selection_options\.p_min: must be <= p_max \(0\.5\), got 0\.6"):
+        core(selection="greso", selection_options={"p_min": 0.6, "p_max": 0.5})

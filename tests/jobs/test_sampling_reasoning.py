@@ -126,3 +126,13 @@ def test_reasoning_smoke_writes_the_comparison(tmp_path):
     run = json.loads((tmp_path / "epoch-s0" / "train.json").read_text())
     assert all("heldout_acc" in e and "heldout_expected_acc" not in e for e in run["evals"])  # sampled accuracy
     assert "Late target" in out["markdown"]
+
+
+def test_late_gain_is_a_share_of_the_mean_final_gain_over_three_evaluations():
+    from orchestrator.jobs.sampling_compare import late_gain
+
+    a = {"evals": [{"heldout_acc": x} for x in (0.50, 0.55, 0.58, 0.60, 0.62)]}  # last three 0.60: +0.10
+    b = {"evals": [{"heldout_acc": x} for x in (0.40, 0.45, 0.42, 0.44, 0.46)]}  # last three 0.44: +0.04
+    assert late_gain([a, b]) == pytest.approx(0.8 * 0.07)
+    with pytest.raises(ValueError, match="at least one"):
+        late_gain([])
