@@ -404,17 +404,17 @@ def settled_crossing(evals: list[dict], key: str, target: float, window: int = 1
 
 
 def pass_end_evals(evals: list[dict], pass_rollouts: int) -> list[dict]:
-    """The evaluation that ends each pass: for k = 1, 2, ..., the first evaluation at or past
-    ``k x pass_rollouts`` rollouts (equal rollouts for every arm, whatever its selection's own
-    epochs), and the run's last evaluation for a last, partial pass. Each as ``{"pass": k,
-    "rollouts", "evaluation": index}``."""
-    out, k = [], 1
-    for i, e in enumerate(evals):
-        if e["rollouts"] >= k * pass_rollouts:
-            out.append({"pass": k, "rollouts": e["rollouts"], "evaluation": i})
-            k = e["rollouts"] // pass_rollouts + 1
-    if evals and (not out or out[-1]["evaluation"] != len(evals) - 1) and evals[-1]["rollouts"] > 0:
-        out.append({"pass": k, "rollouts": evals[-1]["rollouts"], "evaluation": len(evals) - 1})
+    """The evaluation that ends each pass: for k = 1 .. ceil(last evaluation's rollouts /
+    ``pass_rollouts``), the first evaluation at or past ``k x pass_rollouts`` rollouts (equal
+    rollouts for every arm, whatever its selection's own epochs), else the last one (a partial last
+    pass). A batch that spans a pass's end gives two passes the same evaluation. Each as
+    ``{"pass": k, "rollouts", "evaluation": index}``."""
+    if not evals or evals[-1]["rollouts"] <= 0:
+        return []
+    out = []
+    for k in range(1, -(-int(evals[-1]["rollouts"]) // pass_rollouts) + 1):
+        i = next((i for i, e in enumerate(evals) if e["rollouts"] >= k * pass_rollouts), len(evals) - 1)
+        out.append({"pass": k, "rollouts": evals[i]["rollouts"], "evaluation": i})
     return out
 
 
@@ -430,12 +430,14 @@ def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int) -> 
     counts = [evals[e["evaluation"]].get("task_groups") for e in ends]
     if not counts or any(c is None for c in counts):
         return None
-    prev = np.zeros(len(task_ids), dtype=np.int64)
-    rolled = []
-    for c in counts:
-        c = np.asarray(c, dtype=np.int64)
-        rolled.append(c - prev > 0)
-        prev = c
+    # a window shares its evaluation with the next where one batch spans both passes' ends: both
+    # take the rollouts between the previous distinct evaluation and that one
+    prev, last, rolled = np.zeros(len(task_ids), dtype=np.int64), None, []
+    for e, c in zip(ends, counts):
+        if e["evaluation"] != last:
+            c = np.asarray(c, dtype=np.int64)
+            seg, prev, last = c - prev > 0, c, e["evaluation"]
+        rolled.append(seg)
     rolled = np.array(rolled)  # (windows, T)
     family = np.array([t.split("-", 1)[0] for t in task_ids])
     out = {}
