@@ -78,6 +78,9 @@ def test_pass_end_evals_take_the_first_evaluation_at_or_past_each_pass():
     evals = [{"rollouts": r} for r in (0, 400, 770, 1150, 1540, 1600)]
     ends = pass_end_evals(evals, 768)
     assert [(e["pass"], e["evaluation"]) for e in ends] == [(1, 2), (2, 4), (3, 5)]
+    # a batch spanning two passes' ends: both passes read the evaluation after it
+    evals = [{"rollouts": r} for r in (0, 500, 1700)]
+    assert [(e["pass"], e["evaluation"]) for e in pass_end_evals(evals, 768)] == [(1, 2), (2, 2), (3, 2)]
 
 
 def test_task_returns_count_left_out_tasks_and_their_return():
@@ -136,3 +139,11 @@ def test_late_gain_is_a_share_of_the_mean_final_gain_over_three_evaluations():
     assert late_gain([a, b]) == pytest.approx(0.8 * 0.07)
     with pytest.raises(ValueError, match="at least one"):
         late_gain([])
+
+
+def test_task_returns_give_windows_sharing_an_evaluation_the_same_rollouts():
+    # one batch spans the ends of passes 2 and 3: both windows take what it rolled
+    evals = [{"rollouts": 0, "task_groups": [0, 0]}, {"rollouts": 16, "task_groups": [1, 1]},
+             {"rollouts": 48, "task_groups": [3, 1]}]
+    out = task_returns(evals, ["max2-1-2", "max2-3-4"], 16)
+    assert out["max2"]["rolled_share"] == [1.0, 0.5, 0.5] and out["max2"]["left_out"] == 2
