@@ -81,8 +81,9 @@ compare-sampling-exact: $(STAMP)
 compare-sampling-reasoning: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling --regime reasoning
 =======
-# epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), 3 seeds
-# (docs/sampling-predictor.md); not part of `make test` (a short smoke is).
+# epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), reasoning regime,
+# 3 seeds: 19 minutes measured on a loaded 2-core machine with the warm starts already built (each
+# warm start takes minutes more) (docs/sampling-predictor.md); not part of `make test` (a smoke is).
 compare-sampling-trinity: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling-trinity
 >>>>>>> i58pred
