@@ -23,7 +23,7 @@ export HF_HUB_OFFLINE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long compare-sampling ablate demo-trinity check-gpu-install test bench docs install clean
+.PHONY: demo demo-sampling demo-gigpo compare-gigpo compare-gigpo-long compare-sampling compare-sampling-exact compare-sampling-reasoning compare-sampling-trinity ablate demo-trinity check-gpu-install test bench docs install clean
 
 install: $(STAMP)
 
@@ -74,9 +74,24 @@ check-gpu-install:
 	rc=$$?; echo "GPU route resolution (pip --dry-run, fresh venv): rc=$$rc in $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
-# training, every arm x 5 seeds (10 arms, 18-39 minutes on 2 cores) (docs/sampling.md); not part of `make test`.
-compare-sampling: $(STAMP)
+# training, both regimes: the exact-answer one (every arm x 5 seeds, 10 arms, 18-39 minutes on 2 cores,
+# docs/sampling.md) and the reasoning one (reasoning before the answer, 12 passes, a late target; the arms
+# usable on the Trinity route, docs/sampling-reasoning.md); not part of `make test`.
+compare-sampling: compare-sampling-exact compare-sampling-reasoning
+
+compare-sampling-exact: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling
+
+<<<<<<< HEAD
+compare-sampling-reasoning: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-sampling --regime reasoning
+=======
+# epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), reasoning regime,
+# 3 seeds: 19 minutes measured on a loaded 2-core machine with the warm starts already built (each
+# warm start takes minutes more) (docs/sampling-predictor.md); not part of `make test` (a smoke is).
+compare-sampling-trinity: $(STAMP)
+	$(VENV)/bin/trinity-dso compare-sampling-trinity
+>>>>>>> i58pred
 
 # The same four arms on 6x6 Sokoban rooms with a 20-turn budget, 5 seeds (long trajectories,
 # recurring states); not part of `make test`.

@@ -70,3 +70,24 @@ def register(app: typer.Typer) -> None:
         if not (inv["every_batch_is_train_batch_size"] and inv["experiences_read_twice"] == 0
                 and inv["syncs_passed"] == inv["syncs"]):
             raise typer.Exit(1)
+
+    @app.command("compare-sampling-trinity")
+    def compare_sampling_trinity(
+        seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
+        first_seed: int = typer.Option(0, min=0, help="The first seed."),
+        budget: int | None = typer.Option(None, min=64, help="Rollouts per arm and seed (default: ten passes)."),
+        train_size: int | None = typer.Option(None, min=8, help="Training tasks (default: compare-sampling's)."),
+        arms: str | None = typer.Option(None, help="Comma-separated arms (default: epoch,pass_predictor)."),
+        regime: str = typer.Option("reasoning", help="Task regime: 'reasoning' (reasoning before the answer) or 'exact' (the response is the answer)."),
+        out: Path = typer.Option(Path("runs/sampling-compare-trinity"), help="Output directory (comparison.md, comparison.json, runs)."),
+    ) -> None:
+        """epoch vs the best selection usable on the Trinity route, inside Trinity-RFT 0.6.0's explorer (CPU trainer)."""
+        from orchestrator.jobs.trinity_compare import run_comparison
+
+        chosen = [a.strip() for a in arms.split(",")] if arms else None
+        try:
+            run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, regime=regime, train_size=train_size,
+                           arms=chosen, log=lambda m: console.print(escape(m)))
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+        console.print((out / "comparison.md").read_text())

@@ -19,6 +19,9 @@ rolled out with probability:
 * a task never rolled out: ``clip(I / keep_at, floor, 1)`` of its predicted chance ``I`` of an
   informative group, from its tag's prior (:func:`orchestrator.core.passrate.keep_probability`).
 
+A task passed over at its last ``max_skip_epochs`` turns is rolled out at the next whatever either
+rule says (the bounded skip age of :mod:`orchestrator.core.skip`, :func:`~orchestrator.core.skip.overdue`).
+
 ``selection_options`` takes the options of both (:class:`GresoPriorOptions`). This differs from the GRESO
 paper on purpose: the paper rolls every prompt out in its first epoch; ``greso`` is that
 reference. The draw is counter-based (``default_rng([seed, 4, epoch])``, one uniform per task and
@@ -46,12 +49,15 @@ class GresoPriorSelection(greso.GresoSelection):
     Options = GresoPriorOptions
 
     def keep_probability(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
-        """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes."""
+        """(k,) float64: the chance each of ``tasks`` is rolled out when its turn comes; 1 for a task
+        passed over at its last ``max_skip_epochs`` turns (:func:`orchestrator.core.skip.overdue`)."""
         prior = keep_probability(ctx.informative[tasks], self.options.keep_at, self.options.floor)
+        last = None if ctx.last_drawn_epoch is None else ctx.last_drawn_epoch[tasks]
+        due = skip.overdue(self._epoch, last, self.options.max_skip_epochs)
         if ctx.groups is None or ctx.zero_streak_correct is None:
-            return prior
+            return np.where(due, 1.0, prior)
         streak = greso.keep_probability(ctx.zero_streak_correct[tasks], ctx.zero_streak_wrong[tasks], self.p_easy, self.p_hard)
-        return np.where(ctx.groups[tasks] > 0, streak, prior)
+        return np.where(due, 1.0, np.where(ctx.groups[tasks] > 0, streak, prior))
 
     def eligible(self, tasks: np.ndarray, ctx: SelectionContext) -> np.ndarray:
         base = EpochSelection.eligible(self, tasks, ctx)

@@ -153,17 +153,19 @@ class OrchestratorCore:
         task_ids: every task id of the task set, in a stable order.
         seed: seeds the per-epoch task order.
         task_tags: each task's difficulty tag (pass-rate priors by tag), or None.
+        task_texts: each task's prompt text (read by ``pass_predictor``), or None.
     Raises:
         ValueError: empty or duplicate task ids.
     """
 
-    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0, task_tags: list[str] | None = None):
+    def __init__(self, policy: ResamplingPolicy, task_ids: list[str], seed: int = 0, task_tags: list[str] | None = None,
+                 task_texts: list[str] | None = None):
         if not task_ids:
             raise ValueError("task_ids: the task set is empty")
         if len(set(task_ids)) != len(task_ids):
             raise ValueError("task_ids: duplicate task ids")
         run = self.run = Run(policy)
-        tasks = self.tasks = TaskColumns(task_ids, seed, policy.passrate_half_life, task_tags)
+        tasks = self.tasks = TaskColumns(task_ids, seed, policy.passrate_half_life, task_tags, task_texts)
         tally = self.tally = Tally()
         batch = self.batch = OpenBatch(policy.group_size)
         self.rounds = Rounds(run, tasks, tally, batch, view=self)
@@ -181,6 +183,8 @@ class OrchestratorCore:
     passrate = _owned("tasks", "passrate")
     pick_epoch = _owned("tasks", "pick_epoch", settable=True)
     task_index = _owned("tasks", "task_index")
+    task_texts = _owned("tasks", "texts")
+    set_task_texts = _owned("tasks", "set_texts")
     touched_rows = _owned("tasks", "touched_rows")
     counters = _owned("tally", "counters", settable=True)
     classified_by_reason = _owned("tally", "classified_by_reason")
@@ -260,7 +264,8 @@ class OrchestratorCore:
     def reset(self) -> None:
         """Back to a new core's state (the same policy, task ids, seed and task tags), in place: the
         parts that hold this core keep it (the actor after a failed first commit)."""
-        self.__init__(self.policy, self.task_ids, seed=self.seed, task_tags=self.passrate.task_tags())
+        self.__init__(self.policy, self.task_ids, seed=self.seed, task_tags=self.passrate.task_tags(),
+                      task_texts=self.task_texts)
 
     def set_model_version(self, version: int) -> None:
         """Record the trainer's newest model version (model weights); used for staleness.

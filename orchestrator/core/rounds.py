@@ -121,10 +121,13 @@ class Rounds:
         self.tasks.pick_epoch[:] = np.where(self.tasks.pick_epoch >= 0, np.maximum(new_epoch + self.tasks.pick_epoch - old_epoch, 0), -1)
         self.tasks.touch(np.arange(len(self.tasks), dtype=np.int64))
 
-    def observe(self, idx: np.ndarray, keep: np.ndarray, all_correct: np.ndarray) -> None:
-        """Every selection made so far learns from submitted groups: (G,) task rows, kept and all-correct flags."""
+    def observe(self, idx: np.ndarray, keep: np.ndarray, all_correct: np.ndarray, correct: np.ndarray,
+                trials: np.ndarray, versions: np.ndarray) -> None:
+        """Every selection made so far learns from submitted groups: (G,) task rows, kept and
+        all-correct flags, then their correct and valid rollouts and model versions (pass rates)."""
         for sel in self.selections.values():
             sel.observe(idx, keep, all_correct)
+            sel.observe_rates(idx, correct, trials, versions)
 
     def state(self) -> dict:
         """This part's entries of the core's state (:meth:`~orchestrator.core.state.CoreState.state`):
@@ -183,6 +186,10 @@ class Rounds:
             zero_streak_correct=self.tasks.history.consec_all_correct,
             zero_streak_wrong=self.tasks.history.consec_all_wrong,
             groups=self.tasks.history.groups,
+            prompts=self.tasks.texts if self.tasks.texts is not None else self.tasks.task_ids,
+            model_version=self.run.model_version,
+            group_size=p.group_size,
+            last_drawn_epoch=self.tasks.pick_epoch,
         )
 
     def select_tasks(self, count: int) -> list[str]:

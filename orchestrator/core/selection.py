@@ -42,6 +42,12 @@ class SelectionContext:
             all-wrong groups up to now (the history's; zero-variance streaks, as GRESO reads them).
         groups: (T,) int64, each task's groups classified up to now (0: never rolled out); None
             when not given.
+        prompts: T prompt texts (the task set's, in task order), or None when the orchestrator
+            has none (a mode reading prompts then reads the task ids).
+        model_version: the newest model version the orchestrator has seen.
+        group_size: rollouts per group (n of DAPO's Eq. 11).
+        last_drawn_epoch: (T,) int64, the active selection's epoch each task was last drawn in (-1:
+            never; the orchestrator's ``pick_epoch``) as the draw starts, or None when not given.
         drawn: (T,) bool, the tasks already in the round being drawn (its re-rolls, its earlier
             draws); None: none. A draw never takes one of them again: in epoch order it ends
             before the first one (which keeps its place for the next round), weighted draws
@@ -54,6 +60,10 @@ class SelectionContext:
     zero_streak_correct: np.ndarray | None = None
     zero_streak_wrong: np.ndarray | None = None
     groups: np.ndarray | None = None
+    prompts: list[str] | None = None
+    model_version: int = 0
+    group_size: int = 8
+    last_drawn_epoch: np.ndarray | None = None
     drawn: np.ndarray | None = None
 
     def in_round(self, tasks: np.ndarray) -> np.ndarray:
@@ -100,6 +110,11 @@ class TaskSelection(Mode):
     def observe(self, task_idx: np.ndarray, informative: np.ndarray, all_correct: np.ndarray) -> None:
         """Feedback of classified groups: (G,) int64 task indices and (G,) bool outcomes.
         Called on every registered selection that exists, active or not. Default: nothing."""
+
+    def observe_rates(self, task_idx: np.ndarray, correct: np.ndarray, trials: np.ndarray, versions: np.ndarray) -> None:
+        """Feedback of the same groups as :meth:`observe`, as pass rates: (G,) int64 task indices,
+        (G,) int correct and valid rollouts, (G,) int64 model versions that produced them.
+        Called on every selection that exists, after :meth:`observe`. Default: nothing."""
 
     def task_row(self, i: int, ctx: SelectionContext) -> dict:
         """Mode-specific fields of ``GET /v1/tasks/{id}`` for task ``i`` (default: none)."""

@@ -2,13 +2,13 @@
 
 :mod:`orchestrator.core.selection` holds the base class, the registry and the two basic modes;
 each other mode is one file that subclasses them and registers itself (:mod:`orchestrator.core.greso`,
-:mod:`orchestrator.core.skip`, :mod:`orchestrator.core.greso_prior`). This module imports them all, so the imports run one way:
+:mod:`orchestrator.core.skip`, :mod:`orchestrator.core.greso_prior`, :mod:`orchestrator.core.pass_predictor`). This module imports them all, so the imports run one way:
 modes -> base, and this module -> both. Code that looks a mode up by name imports it from here.
 """
 
 from __future__ import annotations
 
-from orchestrator.core import greso, greso_prior, skip  # noqa: F401  (registers 'greso', 'greso_prior', 'predicted_skip')
+from orchestrator.core import greso, greso_prior, pass_predictor, skip  # noqa: F401  (registers 'greso', 'greso_prior', 'pass_predictor', 'predicted_skip')
 from orchestrator.core.selection import SELECTIONS, TaskSelection
 
 

@@ -99,6 +99,7 @@ class CoreState:
             "policy": self.run.policy.model_dump(mode="json"),
             "policy_revision": self.run.policy_revision,
             "task_ids": self.tasks.task_ids,
+            "task_texts": self.tasks.texts,
             "seed": self.tasks.seed,
             "history": self.tasks.history.state_dict(),
             "model_version": self.run.model_version,
@@ -135,6 +136,8 @@ class CoreState:
         self.run.policy = ResamplingPolicy.parse(state["policy"])
         self.run.policy_revision = state["policy_revision"]
         self.tasks.seed = state["seed"]
+        if state.get("task_texts") is not None:
+            self.tasks.set_texts(state["task_texts"])
         self.tasks.history.load_state_dict(state["history"])
         self.run.model_version = state["model_version"]
         self.batch.batch_id, self.batch.rounds_started = state["batch_id"], state["rounds_started"]

@@ -305,7 +305,7 @@ class Submit:
         # filter kept: with the filter off every group is kept, and a band keeps fewer
         n_correct, n_valid = correct.sum(axis=1), valid.sum(axis=1)
         self.tasks.passrate.observe(idx, n_correct, n_valid, (n_correct > 0) & (n_correct < n_valid), versions)
-        self.rounds.observe(idx, keep, reasons == GroupOutcome.ALL_CORRECT)
+        self.rounds.observe(idx, keep, reasons == GroupOutcome.ALL_CORRECT, n_correct, n_valid, versions)
         self.rounds.close_rounds(idx, keep)
         self.run.model_version = max(self.run.model_version, int(all_versions.max()))
         if self.run.policy.skip_after_all_correct or self.run.policy.skip_after_all_wrong:

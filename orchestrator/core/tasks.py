@@ -25,22 +25,43 @@ class TaskColumns:
         seed: seeds the selections' task orders and the answer screen's draws.
         half_life: the pass-rate evidence's half-life (``policy.passrate_half_life``).
         task_tags: each task's difficulty tag, or None.
+        task_texts: each task's prompt text, or None (see :meth:`set_texts`).
     Attributes:
         task_ids: the ids (never changed after construction); ``index``: id -> row.
         history: (T,) reward statistics; ``passrate``: (T,) pass-rate evidence.
         pick_epoch: (T,) int64, the active selection's epoch in which each task was last drawn
             (-1: never); skip-rule cooldowns count from it.
+        texts: each task's prompt text (task order), or None: read by selections that learn from
+            prompts (``pass_predictor``); kept in the checkpoint.
     """
 
-    def __init__(self, task_ids: list[str], seed: int, half_life: float | None, task_tags: list[str] | None) -> None:
+    def __init__(self, task_ids: list[str], seed: int, half_life: float | None, task_tags: list[str] | None,
+                 task_texts: list[str] | None = None) -> None:
         self.task_ids = list(task_ids)
         self.index = {t: i for i, t in enumerate(self.task_ids)}
         self.seed = seed
         self.history = TaskHistory(len(task_ids))
         self.passrate = PassRateEstimate(len(task_ids), half_life=half_life, tags=task_tags)
         self.pick_epoch = np.full(len(task_ids), -1, dtype=np.int64)
+        self.texts: list[str] | None = None
+        if task_texts is not None:
+            self.set_texts(task_texts)
         # task rows the per-task columns were written at since touched_rows(); None: any row
         self.touched: list[np.ndarray] | None = None
+
+    def set_texts(self, texts: list[str]) -> None:
+        """Set each task's prompt text, in task order.
+
+        Raises:
+            ValueError: not one string per task (the count or the first bad index is named).
+        """
+        texts = list(texts)
+        if len(texts) != len(self.task_ids):
+            raise ValueError(f"task_texts: expected one per task ({len(self.task_ids)}), got {len(texts)}")
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ValueError(f"task_texts: expected strings, got {short_repr(texts[bad])} at index {bad}")
+        self.texts = texts
 
     def __len__(self) -> int:
         return len(self.task_ids)

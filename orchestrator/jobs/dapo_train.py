@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import ray
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from algos.dapo import classify_groups
 from orchestrator.core.outcomes import GroupOutcome
@@ -56,6 +56,10 @@ class DapoTrainConfig(BaseModel):
         default_factory=lambda: ["max1", "max2", "add1", "add2", "add3"],
         description="Task families of task='mix', '<op><digits>' (op add, max or copy), equal shares, or a mapping "
         "family -> integer weight (ignored for other tasks).")
+    regime: Literal["exact", "reasoning"] = Field(
+        "exact", description="task='mix': 'exact' (the response is the answer alone) or 'reasoning' (intermediate results "
+        "in a varying order and form, then '#' and the answer; the scorer reads only the answer: "
+        "orchestrator.train.tiny.mixed_tasks).")
     warm_pool: int = Field(600, ge=8, description="task='mix': warm-start tasks, disjoint from the training and held-out ones.")
     digits: int = Field(2, ge=1, le=4, description="Digits of each operand.")
     train_size: int = Field(2000, ge=8, description="Training tasks.")
@@ -89,6 +93,15 @@ class DapoTrainConfig(BaseModel):
         "0: none there, only the expected accuracy, which needs a source that scores answers).")
     sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
 
+    @model_validator(mode="after")
+    def _reasoning_needs_mix(self) -> "DapoTrainConfig":
+        if self.regime == "reasoning" and self.task != "mix":
+            raise ValueError(f"regime='reasoning' needs task='mix', got task={self.task!r}")
+        if self.regime == "reasoning" and (self.eval_samples_between == 0 or self.eval_samples == 0):
+            raise ValueError("regime='reasoning': eval_samples_between must not be 0 (the expected accuracy needs the "
+                             "response to be the answer alone; the reasoning regime's accuracy is sampled)")
+        return self
+
     @field_validator("eval_at_rollouts")
     @classmethod
     def _increasing(cls, v: list[int] | None) -> list[int] | None:
@@ -102,6 +115,7 @@ def _policy_dir(cfg: DapoTrainConfig) -> Path:
 
     fams = cfg.families if isinstance(cfg.families, list) else [f"{f}x{w}" for f, w in cfg.families.items()]
     name = "mix-" + "-".join(fams) + f"-p{cfg.warm_pool}" if cfg.task == "mix" else f"{cfg.task}{cfg.digits}"
+    name += "-reasoning" if cfg.regime == "reasoning" else ""
     return cache_root() / f"tiny-{name}-h{cfg.hidden}-l{cfg.layers}-w{cfg.warm_steps}-s{cfg.seed}"
 
 
@@ -113,7 +127,7 @@ def task_sets(cfg: DapoTrainConfig) -> tuple[Any, Any, Any]:
 
     if cfg.task == "mix":
         return mixed_tasks(families=cfg.families, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
-                           pool_size=cfg.warm_pool)
+                           pool_size=cfg.warm_pool, reasoning=cfg.regime == "reasoning")
     train, held = addition_tasks(digits=cfg.digits, seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size,
                                  op=cfg.task)
     return train, held, train
@@ -224,7 +238,10 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
     trained_tokens = useful_tokens = 0
     tasks_trained: set = set()  # distinct tasks with an informative group trained on so far
 
-    first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0", expected=True)
+    # the expected accuracy (the reference answer's likelihood) is the pass rate only where the
+    # response is the answer alone: the reasoning regime's accuracy is sampled (avg@k)
+    expected = cfg.regime == "exact"
+    first = _evaluate(held_source, held_tasks, cfg.eval_samples, 0, "eval0", expected=expected)
     eval_tokens += first["heldout_tokens"]
     probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]
     sync = WeightSync(engine, actor, probes, tol=cfg.sync_tol)
@@ -327,14 +344,18 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
             t2 = time.monotonic()
             last = rollouts >= cfg.rollout_budget or step >= cfg.max_steps
             between = cfg.eval_samples if cfg.eval_samples_between is None else cfg.eval_samples_between
-            ev = _evaluate(held_source, held_tasks, cfg.eval_samples if last else between, version, f"eval{step}", expected=True)
+            ev = _evaluate(held_source, held_tasks, cfg.eval_samples if last else between, version, f"eval{step}",
+                           expected=expected)
             ev.pop("_groups")
             eval_tokens += ev["heldout_tokens"]
             generated = ray.get(engine.generated.remote()) - tokens_at_start - eval_tokens
             # wall time without the evaluations (what a run without held-out checks would take)
+            # groups rolled out per training task so far (the orchestrator's history, in task order):
+            # which tasks a skip left out, and whether they came back
+            rolled = ray.get(actor.state_dict.remote())["history"]["groups"] if ref_loop is None else None
             evals.append({"step": step, "rollouts": int(rollouts), "model_version": version,
                           "train_wall_seconds": row["wall_seconds"] - eval_seconds, "generated_tokens": generated,
-                          "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, **ev})
+                          "trained_tokens": trained_tokens, "useful_tokens": useful_tokens, "task_groups": rolled, **ev})
             eval_seconds += time.monotonic() - t2
             row.update({k: ev[k] for k in ("heldout_acc", "heldout_expected_acc") if k in ev})
         steps.append(row)
@@ -379,6 +400,7 @@ def run_dapo_training(cfg: DapoTrainConfig, progress: Callable[[dict], None] | N
         "stats": stats if cfg.dynamic_sampling and ref_loop is None else None,
         "evals": evals,
         "steps": steps,
+        "task_ids": list(train.task_ids),
     }
     write_json(cfg.out_dir / "train.json", summary)
     from orchestrator.jobs.plots import plot_training

@@ -10,6 +10,7 @@ warm start, seeds and rollout budget; only the way groups are chosen differs:
 ``greso_prior``          ours combined: GRESO's streak skip for tasks rolled out before, the prior's skip for the rest
 ``screening``            epoch order, each task screened with ``SCREEN_K`` rollouts first (SPEED-RL; ``screen: rollouts``)
 ``answer_screen``        epoch order, tasks skipped by the policy's own chance of the exact answer (one forward pass each; ``screen: answer``)
+``pass_predictor``       epoch order, tasks skipped by a pass-rate model shared by all tasks (:mod:`orchestrator.core.pass_predictor`)
 ``greso``                epoch order with GRESO's probabilistic skip (arXiv 2506.02177)
 ``trinity_difficulty``   Trinity 0.6's ``difficulty_based`` selector, accumulate-and-truncate
 ``dapo_recipe``          the DAPO recipe's accumulate-and-truncate loop
@@ -94,8 +95,94 @@ EVAL_AT = [*range(256, 4097, 256), *range(5120, 12_001, 1024)]
 """Held-out evaluations: after the first batch at or past each of these rollout counts, for every
 arm (one grid in rollouts, whatever a batch costs an arm): every 256 rollouts up to 4,096, where
 every pilot run crossed the target, then every 1,024; and at the end of the budget."""
-def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> DapoTrainConfig:
-    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at :data:`EVAL_AT` rollouts."""
+REGIMES = ("exact", "reasoning")
+"""``--regime``: ``exact`` (the response is the answer alone: the constants above) and ``reasoning``
+(intermediate results before the answer: :data:`REASONING`)."""
+
+REASONING: dict = {
+    "families": FAMILIES, "train_size": 64, "heldout_size": 128, "warm_pool": WARM_POOL, "warm_steps": 800,
+    "max_tokens": 16, "lr": 3e-4, "budget": 64 * 8 * 12,
+    "eval_at": [*range(256, 2049, 256), *range(2560, 64 * 8 * 12 + 1, 512)], "eval_samples": 4,
+    "late_gain": 0.039,
+}
+"""The reasoning regime (``--regime reasoning``): the same families and mix as :data:`FAMILIES`,
+answered with reasoning first (:func:`orchestrator.train.tiny.sample_reasoning`; the scorer reads
+only the number after the last ``#``). Fewer tasks than the exact-answer regime, so the budget
+makes 12 passes (64 training tasks x 8 rollouts x 12 = 6,144 rollouts) in the time a run has;
+128 held-out tasks, the same mix. Held-out accuracy is avg@4 (the reference response's likelihood
+is not the pass rate here) every half pass (256 rollouts) up to 4 passes, then every pass, and
+crossings are read from the mean of three consecutive evaluations (:func:`settled_crossing`).
+``max_tokens`` 16: the longest reasoning (``add3``, ``999,999#1998``) is 12 characters and EOS.
+``late_gain``: the late target (:data:`LATE_SHARE` of ``epoch``'s mean final gain on
+:data:`TUNING_SEEDS`), fixed before the comparison's runs. ``warm_steps`` 800 and ``lr`` 3e-4 were
+chosen on the tuning seeds too (500 steps and 1.5e-4 gave the same spread and a smaller gain)."""
+
+REASONING_ARMS = ["epoch", "pass_predictor", "greso", "greso_prior", "predicted_skip"]
+"""The reasoning regime's default arms (``--regime reasoning``): ``epoch`` and the arms that run on
+the Trinity route (:func:`runs_on_trinity`); the answer screen and screening cannot."""
+TUNING_SEEDS = (100, 101)
+"""Seeds the late target was fixed from (``epoch`` only, ``--first-seed 100 --seeds 2 --arms epoch``),
+disjoint from the evaluation seeds 0-9: ``epoch``'s final gains there were +4.8 and +4.9 points
+(mean of the last three evaluations), so ``late_gain`` = 0.8 x 0.0485 = 0.039 (docs/sampling-reasoning.md:
+this regime's ``epoch`` gains its points in its first pass, so this target is not late)."""
+LATE_SHARE = 0.8
+"""The late target: this share of ``epoch``'s mean final gain on :data:`TUNING_SEEDS`."""
+WINDOW = 3
+"""The reasoning regime's crossings: the first evaluation from which the mean of it and the next
+two is at or above the target (:func:`settled_crossing`)."""
+
+
+def runs_on_trinity(cfg: DapoTrainConfig) -> bool:
+    """Whether an arm's configuration runs on the Trinity route (the orchestrator beside Trinity's
+    explorer, :mod:`orchestrator.trinity.attach`): not with screening or the answer screen (refused
+    there: Trinity's workflow rolls a whole group, and the orchestrator does not hold its engine), not
+    the DAPO recipe's own loop; every selection mode and Trinity's ``difficulty_based`` selector do."""
+    return cfg.policy.screen == "none" and cfg.reference_loop != "dapo_recipe"
+
+
+def late_gain(runs: list[dict], share: float = LATE_SHARE, window: int = WINDOW, key: str = SAMPLED) -> float:
+    """The late target from ``epoch``'s tuning runs: ``share`` x the mean over runs of the final gain,
+    each run's mean ``key`` over its last ``window`` evaluations minus its step-0 value (the mean of
+    three, as the crossings read it, so one noisy last evaluation does not set the target).
+
+    Args:
+        runs: ``train.json`` summaries (``evals`` with ``key``), at least one.
+    Raises:
+        ValueError: no run.
+    """
+    if not runs:
+        raise ValueError("late_gain needs at least one tuning run")
+    gains = [float(np.mean([e[key] for e in r["evals"][-window:]])) - float(r["evals"][0][key]) for r in runs]
+    return share * float(np.mean(gains))
+
+
+def summary_options(regime: str) -> dict:
+    """:func:`run_summary`'s keywords for a regime: the exact-answer regime reads the expected
+    accuracy, first crossing; the reasoning regime avg@4, :data:`WINDOW`-evaluation crossings, and
+    the late target (:data:`REASONING` ``late_gain``, None until fixed)."""
+    if regime == "reasoning":
+        return {"accuracy": SAMPLED, "window": WINDOW, "late_gain": REASONING.get("late_gain")}
+    return {"accuracy": ACCURACY}
+
+
+
+
+def base_config(out_dir: Path, seed: int = 0, budget: int | None = None, regime: str = "exact") -> DapoTrainConfig:
+    """The comparison's defaults: the mixed task set (:data:`FAMILIES`), 8 groups of 8 per batch, evaluations at
+    :data:`EVAL_AT` rollouts; with ``regime="reasoning"`` the settings of :data:`REASONING`.
+
+    Raises:
+        ValueError: ``regime`` not one of :data:`REGIMES`.
+    """
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
+    if regime == "reasoning":
+        r = REASONING
+        return DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", regime="reasoning", families=r["families"],
+                               train_size=r["train_size"], heldout_size=r["heldout_size"], warm_pool=r["warm_pool"],
+                               warm_steps=r["warm_steps"], max_tokens=r["max_tokens"],
+                               rollout_budget=r["budget"] if budget is None else budget, eval_at_rollouts=r["eval_at"],
+                               eval_samples=r["eval_samples"], eval_samples_between=r["eval_samples"], trainer={"lr": r["lr"]})
     cfg = DapoTrainConfig(seed=seed, out_dir=out_dir, task="mix", families=FAMILIES, train_size=TRAIN_SIZE,
                           heldout_size=HELDOUT_SIZE, warm_pool=WARM_POOL, warm_steps=WARM_STEPS,
                           rollout_budget=BUDGET if budget is None else budget, eval_at_rollouts=EVAL_AT, eval_samples=4,
@@ -104,9 +191,9 @@ def base_config(out_dir: Path, seed: int = 0, budget: int | None = None) -> Dapo
     return cfg
 
 
-def arm_config(arm: str, seed: int, out: Path, budget: int | None = None) -> DapoTrainConfig:
+def arm_config(arm: str, seed: int, out: Path, budget: int | None = None, regime: str = "exact") -> DapoTrainConfig:
     """One arm's configuration: :func:`base_config` plus the arm's changes (policy merged key by key)."""
-    base = base_config(out / f"{arm}-s{seed}", seed, budget).model_dump()
+    base = base_config(out / f"{arm}-s{seed}", seed, budget, regime).model_dump()
     change = ARMS[arm]
     data = {**base, **{k: v for k, v in change.items() if k != "policy"}}
     data["policy"] = {**base["policy"], **change.get("policy", {})}
@@ -169,6 +256,34 @@ def pass_costs(outcomes: np.ndarray, family: np.ndarray, n: int = 8, k: int = SC
     return {r: {"rollouts_per_informative": v, "x_full": v / per["full"]} for r, v in per.items()}
 
 
+def _correct_responses(group) -> list[tuple[int, ...]]:
+    """The response token ids (prompt cut off) of a group's correct rollouts."""
+    return [tuple(e.tokens[e.prompt_length:]) for e in group.rollouts if e.metrics.get("accuracy", 0.0) >= 0.5]
+
+
+def top_response_share(groups: list) -> float | None:
+    """How much of a task's pass rate its most frequent correct response holds, averaged over the
+    tasks with a correct rollout: for each, the count of its most frequent correct response (same
+    token ids) over its correct rollouts. 1.0 where every task has one correct response (the
+    exact-answer regime); the reasoning regime needs it well under 1/2 (no single response holds
+    most of the pass rate). None when no rollout is correct.
+
+    Args:
+        groups: rolled groups (:class:`orchestrator.core.types.Group`), rollouts with ``tokens``,
+            ``prompt_length`` and ``metrics["accuracy"]``.
+    """
+    from collections import Counter
+
+    shares = [Counter(c).most_common(1)[0][1] / len(c) for g in groups for c in [_correct_responses(g)] if c]
+    return float(np.mean(shares)) if shares else None
+
+
+def distinct_correct(groups: list) -> float | None:
+    """Mean number of distinct correct responses per task, over the tasks with a correct rollout."""
+    counts = [len(set(c)) for g in groups for c in [_correct_responses(g)] if c]
+    return float(np.mean(counts)) if counts else None
+
+
 def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict:
     """Pass rate of every training and held-out task on the warm-started policy (``samples``
     rollouts each, temperature of ``cfg``): shares nearly always solved (>= 0.9), nearly never
@@ -204,8 +319,12 @@ def measure_spread(cfg: DapoTrainConfig, samples: int = 16, engine=None) -> dict
             r = rate[fam == f]
             row["families"][f] = {"mean": float(r.mean()), "solved": float((r >= 0.9).mean()), "unsolved": float((r <= 0.1).mean())}
         answer = source.answer_probability(tasks)
-        # how well the answer probability (one forward pass) predicts the pass rate of `samples` rollouts
+        # how well the answer probability (one forward pass) predicts the pass rate of `samples` rollouts;
+        # in the reasoning regime, the reference response's likelihood (reasoning, '#', answer)
         row["answer_prob_corr"] = float(np.corrcoef(answer, rate)[0, 1]) if rate.std() > 0 and answer.std() > 0 else None
+        row["answer_prob_mean"] = float(answer.mean())
+        row["top_response_share"] = top_response_share(groups)
+        row["distinct_correct_responses"] = distinct_correct(groups)
         if name == "train" and samples == 2 * cfg.policy.group_size:
             outcomes = np.array([[r.metrics["accuracy"] >= 0.5 for r in g.rollouts] for g in groups])
             row["pass_costs"] = pass_costs(outcomes, fam, cfg.policy.group_size, answer_prob=answer)
@@ -251,7 +370,74 @@ def _stats(xs: list[float]) -> dict[str, float] | None:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
+def settled_crossing(evals: list[dict], key: str, target: float, window: int = 1) -> int | None:
+    """Index of the first evaluation from which the mean of ``key`` over it and the next
+    ``window - 1`` evaluations is at or above ``target`` (window 1: the first evaluation at or
+    above it). A crossing one noisy evaluation cannot decide: with ``window = 3`` a lone high
+    reading between low ones does not count. None when no full window reaches it.
+
+    Args:
+        evals: a run's evaluations in order, each with ``key``.
+        window: >= 1.
+    Raises:
+        ValueError: ``window < 1``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    vals = [float(e[key]) for e in evals]
+    return next((i for i in range(len(vals) - window + 1) if sum(vals[i:i + window]) / window >= target - 1e-9), None)
+
+
+def pass_end_evals(evals: list[dict], pass_rollouts: int) -> list[dict]:
+    """The evaluation that ends each pass: for k = 1 .. ceil(last evaluation's rollouts /
+    ``pass_rollouts``), the first evaluation at or past ``k x pass_rollouts`` rollouts (equal
+    rollouts for every arm, whatever its selection's own epochs), else the last one (a partial last
+    pass). A batch that spans a pass's end gives two passes the same evaluation. Each as
+    ``{"pass": k, "rollouts", "evaluation": index}``."""
+    if not evals or evals[-1]["rollouts"] <= 0:
+        return []
+    out = []
+    for k in range(1, -(-int(evals[-1]["rollouts"]) // pass_rollouts) + 1):
+        i = next((i for i, e in enumerate(evals) if e["rollouts"] >= k * pass_rollouts), len(evals) - 1)
+        out.append({"pass": k, "rollouts": evals[i]["rollouts"], "evaluation": i})
+    return out
+
+
+def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int) -> dict | None:
+    """Which training tasks each pass-sized window of rollouts rolled out, per family (the family is
+    the task id up to its first ``-``, e.g. ``max2``), from the orchestrator's group count per task
+    at each pass's end (``evals[i]["task_groups"]``): ``rolled_share`` per window (the share of the
+    family's tasks rolled out at least once in it), ``left_out`` (task-windows after the first in
+    which a task was not rolled out), ``came_back`` (of those, the share rolled out in a later
+    window), ``never_after_first`` (share of tasks not rolled out after the first window). None
+    without the counts (a reference loop)."""
+    ends = pass_end_evals(evals, pass_rollouts)
+    counts = [evals[e["evaluation"]].get("task_groups") for e in ends]
+    if not counts or any(c is None for c in counts):
+        return None
+    # a window shares its evaluation with the next where one batch spans both passes' ends: both
+    # take the rollouts between the previous distinct evaluation and that one
+    prev, last, rolled = np.zeros(len(task_ids), dtype=np.int64), None, []
+    for e, c in zip(ends, counts):
+        if e["evaluation"] != last:
+            c = np.asarray(c, dtype=np.int64)
+            seg, prev, last = c - prev > 0, c, e["evaluation"]
+        rolled.append(seg)
+    rolled = np.array(rolled)  # (windows, T)
+    family = np.array([t.split("-", 1)[0] for t in task_ids])
+    out = {}
+    for f in sorted(set(family.tolist())):
+        r = rolled[:, family == f]
+        later = r[1:]
+        left = [(w, t) for w in range(1, len(r)) for t in range(r.shape[1]) if not r[w, t]]
+        back = [r[w + 1:, t].any() for w, t in left if w + 1 < len(r)]
+        out[f] = {"rolled_share": [float(x) for x in r.mean(axis=1)], "left_out": len(left),
+                  "came_back": float(np.mean(back)) if back else None,
+                  "never_after_first": float((~later.any(axis=0)).mean()) if len(later) else None}
+    return out
+
+
+def run_summary(s: dict, gain: float, accuracy: str = ACCURACY, *, late_gain: float | None = None, window: int = 1) -> dict:
     """The figures of one run: first crossing of the start accuracy + ``gain`` (rollouts, and the
     seconds the training loop spent to get there: rollouts, trainer steps and weight syncs, without
     start-up or evaluations), final held-out accuracy, rollouts per emitted group, token shares;
@@ -268,7 +454,8 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
             for x in s.get("steps", [])]
 
     def crossing(g: float) -> dict | None:
-        return next((e for e in evals if e[accuracy] >= evals[0][accuracy] + g - 1e-9), None)
+        i = settled_crossing(evals, accuracy, evals[0][accuracy] + g, window)
+        return None if i is None else evals[i]
 
     hit = crossing(gain)
     cfg = s.get("config", {})
@@ -276,6 +463,22 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
     by_gain = {f"{g:.2f}": {"to_target_rollouts": h["rollouts"] if h else None,
                             "to_target_seconds": float(sum(loop[: h["step"]])) if h else None}
                for g in REPORT_GAINS for h in [crossing(g)]}
+    late = crossing(late_gain) if late_gain is not None else None
+    pass_rollouts = cfg["train_size"] * n if cfg.get("train_size") else None
+    ends = pass_end_evals(evals, pass_rollouts) if pass_rollouts else []
+    extra = {} if late_gain is None else {
+        "late_gain": late_gain, "to_late_rollouts": late["rollouts"] if late else None,
+        "to_late_seconds": float(sum(loop[: late["step"]])) if late else None,
+        "to_late_passes": late["rollouts"] / pass_rollouts if late and pass_rollouts else None}
+    if ends:
+        # held-out accuracy at the end of each pass (equal rollouts), overall and per family
+        extra["heldout_at_pass_end"] = [evals[e["evaluation"]][accuracy] for e in ends]
+        fam_key = f"{accuracy}_by_family" if f"{accuracy}_by_family" in evals[0] else None
+        if fam_key:
+            extra["heldout_by_family_at_pass_end"] = {f: [evals[e["evaluation"]][fam_key][f] for e in ends]
+                                                     for f in evals[0][fam_key]}
+        if s.get("task_ids"):
+            extra["task_returns"] = task_returns(evals, s["task_ids"], pass_rollouts)
     before = s.get("steps", [])[: hit["step"]] if hit else []
     informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {
@@ -308,7 +511,10 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY) -> dict:
         # the first crossing of every gain of REPORT_GAINS
         "by_gain": by_gain,
         # rollouts and informative groups in each pass-sized window of the run (where the saving lands)
-        "by_pass": pass_windows(s.get("steps", []), cfg["train_size"] * n) if cfg.get("train_size") else None,
+        "by_pass": pass_windows(s.get("steps", []), pass_rollouts,
+                                max(PASS_WINDOWS, -(-int(cfg.get("rollout_budget", 0)) // pass_rollouts)))
+        if pass_rollouts else None,
+        **extra,
     }
 
 
@@ -475,6 +681,10 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
             f"{format(x['to_target_seconds'], '.1f') if x['to_target_seconds'] is not None else '-'}; {x['final']:.3f}"
             for i, x in enumerate(r["per_seed"])))
     md = md + "\n".join(per_seed) + "\n"
+    if extra.get("regime") == "reasoning":
+        md += late_tables(results, extra.get("on_trinity", {}))
+    for r in rows:  # each arm: does it run on the Trinity route
+        r["on_trinity"] = extra.get("on_trinity", {}).get(r["arm"])
     (out / "comparison.md").write_text(md)
     write_json(out / "comparison.json", {"target_gain": gain, **extra, "rows": rows,
                                          "curves": {a: [r["curve"] for r in runs] for a, runs in results.items()}})
@@ -482,29 +692,90 @@ def write_outputs(out: Path, results: dict[str, list[dict]], gain: float, extra:
     # which would hide the arms' differences in the spread
     gains = {a: [[(x, y - r["curve"][0][1]) for x, y in r["curve"]] for r in runs] for a, runs in results.items()}
     plot_ablation(gains, out / "comparison.png", xlabel="rollouts generated",
-                  ylabel="expected held-out accuracy - step-0 accuracy")
+                  ylabel=("avg@4" if extra.get("regime") == "reasoning" else "expected") + " held-out accuracy - step-0 accuracy")
     return md
 
 
-def rebuild(out: Path, gain: float = TARGET_GAIN) -> str:
+def late_tables(results: dict[str, list[dict]], on_trinity: dict[str, bool]) -> str:
+    """Markdown of the reasoning regime: rollouts and loop seconds to the late target per seed and
+    x ``epoch`` (paired), held-out accuracy at each pass's end (mean ± std over seeds), the same per
+    family, and how often the tasks a pass left out came back (:func:`task_returns`)."""
+    lines = ["", "Late target (start + `late_gain`, the mean of three consecutive evaluations), per seed: rollouts "
+             "(x `epoch` on that seed); loop seconds. Paired ratio over the seeds both reached, 95 % bootstrap interval.", "",
+             "| arm | on Trinity route | per seed: rollouts to late target (x epoch); loop s | rollouts x epoch | loop s x epoch |",
+             "|---|---|---|---|---|"]
+    epoch = {r.get("seed"): r for r in results.get("epoch", [])}
+
+    def p(x):
+        return "-" if x is None else f"{x['ratio']:.2f}x [{x['low']:.2f}, {x['high']:.2f}] ({x['n']})"
+
+    for arm, runs in results.items():
+        cells = []
+        for r in runs:
+            e = epoch.get(r.get("seed"), {}).get("to_late_rollouts")
+            x = r.get("to_late_rollouts")
+            ratio = f" ({x / e:.2f}x)" if x is not None and e else ""
+            sec = "-" if r.get("to_late_seconds") is None else f"{r['to_late_seconds']:.0f}"
+            cells.append(f"s{r.get('seed')}: {'-' if x is None else x}{ratio}; {sec}")
+        ep = results.get("epoch", [])
+        lines.append(f"| {arm} | {on_trinity.get(arm, '-')} | " + ", ".join(cells)
+                     + f" | {p(paired_ratio(runs, ep, 'to_late_rollouts'))} | {p(paired_ratio(runs, ep, 'to_late_seconds'))} |")
+    passes = max((len(r.get("heldout_at_pass_end") or []) for runs in results.values() for r in runs), default=0)
+    if passes:
+        lines += ["", "Held-out accuracy (avg@4) at the end of each pass (equal rollouts: the training tasks x 8), mean ± std over seeds:", "",
+                  "| arm | " + " | ".join(f"pass {k + 1}" for k in range(passes)) + " |", "|---|" + "---|" * passes]
+
+        def col(runs, k, get):
+            xs = [get(r)[k] for r in runs if get(r) and len(get(r)) > k]
+            st = _stats(xs)
+            return "-" if st is None else f"{st['mean']:.3f} ± {st['std']:.3f}"
+
+        for arm, runs in results.items():
+            lines.append(f"| {arm} | " + " | ".join(col(runs, k, lambda r: r.get("heldout_at_pass_end")) for k in range(passes)) + " |")
+        fams = sorted({f for runs in results.values() for r in runs for f in (r.get("heldout_by_family_at_pass_end") or {})})
+        for f in fams:
+            lines += ["", f"`{f}` held-out accuracy at each pass's end:", "",
+                      "| arm | " + " | ".join(f"pass {k + 1}" for k in range(passes)) + " |", "|---|" + "---|" * passes]
+            for arm, runs in results.items():
+                lines.append(f"| {arm} | " + " | ".join(
+                    col(runs, k, lambda r, f=f: (r.get("heldout_by_family_at_pass_end") or {}).get(f)) for k in range(passes)) + " |")
+    lines += ["", "Tasks left out and coming back, per family (summed over seeds): share of the family's tasks rolled out "
+              "in each pass-sized window (mean over seeds), task-windows after the first that left a task out, the share of "
+              "those rolled out again later, tasks never rolled out after the first window.", "",
+              "| arm | family | rolled share per window | left out | came back | never after first |", "|---|---|---|---|---|---|"]
+    for arm, runs in results.items():
+        tr = [r["task_returns"] for r in runs if r.get("task_returns")]
+        for f in sorted({f for t in tr for f in t}):
+            xs = [t[f] for t in tr if f in t]
+            share = np.mean([x["rolled_share"] for x in xs], axis=0) if len({len(x["rolled_share"]) for x in xs}) == 1 else []
+            back = [x["came_back"] for x in xs if x["came_back"] is not None]
+            never = [x["never_after_first"] for x in xs if x["never_after_first"] is not None]
+            lines.append(f"| {arm} | {f} | {' '.join(f'{v:.2f}' for v in share)} | {sum(x['left_out'] for x in xs)} "
+                         f"| {'-' if not back else f'{np.mean(back):.2f}'} | {'-' if not never else f'{np.mean(never):.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def rebuild(out: Path, gain: float = TARGET_GAIN, regime: str | None = None) -> str:
     """Rewrite comparison.json / .md / .png of ``out`` from its runs' ``<arm>-s<seed>/train.json``
     (after a change of the summary figures, or of an interrupted comparison); arms in
     :data:`ARMS` order, seeds in order. Returns the markdown."""
+    old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
+    regime = regime or old.get("regime", "exact")
     results: dict[str, list[dict]] = {}
     for arm in ARMS:
         files = sorted(out.glob(f"{arm}-s*/train.json"), key=lambda p: int(p.parent.name.rsplit("-s", 1)[1]))
         if files:
-            results[arm] = [run_summary(json.loads(p.read_text()), gain) for p in files]
+            results[arm] = [run_summary(json.loads(p.read_text()), gain, **summary_options(regime)) for p in files]
     if not results:
         raise FileNotFoundError(f"{out}: no <arm>-s<seed>/train.json of the arms {list(ARMS)}")
-    old = json.loads((out / "comparison.json").read_text()) if (out / "comparison.json").is_file() else {}
-    extra = {**{k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}, "arms": list(results)}
+    extra = {**{k: v for k, v in old.items() if k not in ("target_gain", "rows", "curves")}, "arms": list(results),
+             "regime": regime}
     return write_outputs(out, results, gain, extra)
 
 
 def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms: list[str] | None = None,
                    gain: float = TARGET_GAIN, spread: bool = True, first_seed: int = 0,
-                   log: Callable[[str], None] | None = None) -> dict:
+                   log: Callable[[str], None] | None = None, regime: str = "exact") -> dict:
     """Every arm x seed (seeds ``first_seed`` .. ``first_seed + seeds - 1``; another range than the
     default 0-4 checks a finding on seeds it was not read from), seed-major (all arms of the first
     seed first, so a partial run compares like with like), one vLLM engine for all runs (each run
@@ -523,37 +794,42 @@ def run_comparison(out: Path, *, seeds: int = 5, budget: int | None = None, arms
 
     say = log or (lambda msg: None)
     out.mkdir(parents=True, exist_ok=True)
-    chosen = arms or list(ARMS)
+    chosen = arms or (REASONING_ARMS if regime == "reasoning" else list(ARMS))
+    opts = summary_options(regime)
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="trinity-dso")
-    first = arm_config(chosen[0], first_seed, out, budget)
+    first = arm_config(chosen[0], first_seed, out, budget, regime)
     ensure_policy(_policy_dir(first), task_sets(first)[2], seed=first_seed, warm_steps=first.warm_steps, hidden=first.hidden,
                   layers=first.layers)
     engine = start_engine(_policy_dir(first), 0)
     results: dict[str, list[dict]] = {a: [] for a in chosen}
     started = time.monotonic()
     md = ""
-    extra: dict = {"budget": first.rollout_budget, "seeds": seeds, "first_seed": first_seed, "arms": chosen}
+    extra: dict = {"regime": regime, "budget": first.rollout_budget, "seeds": seeds, "first_seed": first_seed, "arms": chosen,
+                   "on_trinity": {a: runs_on_trinity(arm_config(a, first_seed, out, budget, regime)) for a in chosen},
+                   "accuracy": opts["accuracy"], "crossing_window": opts.get("window", 1)}
+    if regime == "reasoning":
+        extra.update(late_target_gain=opts["late_gain"], late_share=LATE_SHARE, tuning_seeds=list(TUNING_SEEDS))
     try:
         if spread:
-            extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget), engine=engine)
+            extra["spread"] = measure_spread(base_config(out / "spread", first_seed, budget, regime), engine=engine)
             write_json(out / "spread.json", extra["spread"])
             say(f"spread on the warm-started policy: {json.dumps({k: {x: round(v[x], 3) for x in ('mean', 'solved', 'unsolved', 'between')} for k, v in extra['spread'].items()})}")
         for seed in range(first_seed, first_seed + seeds):
             if spread:
-                cfg = base_config(out / "spread", seed, budget)
+                cfg = base_config(out / "spread", seed, budget, regime)
                 costs = extra["spread"]["train"]["pass_costs"] if seed == first_seed else measure_spread(cfg, engine=engine)["train"]["pass_costs"]
                 extra.setdefault("pass_costs", {})[str(seed)] = costs
                 say(f"seed {seed}, one pass: " + ", ".join(f"{r} {v['rollouts_per_informative']:.1f} ({v['x_full']:.2f}x)" for r, v in costs.items()))
             for arm in chosen:
-                cfg = arm_config(arm, seed, out, budget)
+                cfg = arm_config(arm, seed, out, budget, regime)
                 try:
                     s = run_dapo_training(cfg, engine=engine)
                 except Exception as exc:  # one failed run is reported, the comparison goes on
                     say(f"{arm} seed {seed}: FAILED: {type(exc).__name__}: {exc}")
                     extra.setdefault("failed", []).append({"arm": arm, "seed": seed, "error": f"{type(exc).__name__}: {exc}"})
                     continue
-                r = run_summary(s, gain)
+                r = run_summary(s, gain, **opts)
                 results[arm].append(r)
                 say(f"{arm} seed {seed}: held-out {r['start']:.3f} -> {r['final']:.3f}, to +{gain:.2f}: "
                     f"{r['to_target_rollouts']} rollouts / {r['to_target_seconds']} s, "

@@ -60,6 +60,8 @@ class TrinityDemoConfig(BaseModel):
     train_size: int = Field(2000, ge=8)
     max_tokens: int = Field(5, ge=1, description="Response budget in tokens (L_max of DAPO Eq. 13).")
     overlong_cache: int = Field(2, ge=1, description="L_cache of DAPO Eq. 13, tokens.")
+    answer_format: str = Field("number", description="How the workflow reads a response's answer (Task.meta['format'], "
+                               "orchestrator.tasks.scoring.score_response).")
     policy: dict = Field(default_factory=lambda: _train_policy().model_dump(mode="json", include={
         "filter", "max_replenish_rounds", "max_staleness"}), description="The actor's initial policy (REST can change it live).")
     target_groups: int = Field(8, ge=1, description="Groups per train batch (Trinity's buffer.batch_size).")
@@ -69,6 +71,14 @@ class TrinityDemoConfig(BaseModel):
     sync_tol: float = Field(1e-3, gt=0, description="Max |engine - trainer| log-prob after a sync, nats.")
     sync_interval: int = Field(2, ge=1, description="Trinity's synchronizer.sync_interval: explore steps in flight before the explorer waits for them.")
     http_port: int = Field(0, ge=0, description="Ray Serve's HTTP port for REST and /metrics (0: a free one).")
+    eval_at_rollouts: list[int] | None = Field(
+        None, description="Instead of every eval_every batches: evaluate after the first batch at or past each of these "
+        "rollout counts (the arms of compare-sampling-trinity are evaluated on one grid).")
+    eval_expected: bool = Field(False, description="Also measure heldout_expected_acc (the mean chance of the exact "
+                                "answer, one forward pass per task: orchestrator.jobs.dapo_train._evaluate).")
+    eval_samples_between: int | None = Field(
+        None, ge=0, description="k of avg@k at the evaluations between the first and the last (None: eval_samples; "
+        "0: the expected accuracy alone, with eval_expected).")
 
 
 def _free_port() -> int:
@@ -113,7 +123,7 @@ def trinity_config(cfg: TrinityDemoConfig, *, data: Path, model: Path, name: str
                 "taskset": {"name": "max2", "storage_type": "file", "path": str(data), "split": "train",
                             "format": {"prompt_key": "prompt", "response_key": "answer"},
                             "rollout_args": {"temperature": 1.0, "max_tokens": cfg.max_tokens},
-                            "workflow_args": {"answer_format": "number", "overlong_max": cfg.max_tokens,
+                            "workflow_args": {"answer_format": cfg.answer_format, "overlong_max": cfg.max_tokens,
                                               "overlong_cache": cfg.overlong_cache},
                             "data_selector": {"selector_type": "dso_orchestrator", "kwargs": orchestrator}},
                 "default_workflow_type": "orchestrator.trinity.rule_workflow.DsoRuleWorkflow",
@@ -140,11 +150,13 @@ def _load(path: Path) -> Any:
 
 def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
                      on_batch: Callable[[dict, dict], None] | None = None,
-                     log: Callable[[str], None] | None = None) -> dict:
+                     log: Callable[[str], None] | None = None, tasks: tuple[Any, Any, Path] | None = None) -> dict:
     """Run the demo; return its summary (also ``out_dir/trinity_demo.json``, plots and ``metrics.prom`` beside it).
 
     Args:
         cfg: the configuration.
+        tasks: (train, held-out, warm-started model directory) instead of the demo's (``make
+            demo``'s ``max`` tasks and policy): ``compare-sampling-trinity`` passes its task set.
         serve_url: base URL of a Ray Serve HTTP proxy already running in this Ray (else one is
             started on ``cfg.http_port``).
         on_batch: called after each train batch with ``(row, urls)`` (tests PATCH from here).
@@ -184,12 +196,15 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
     name, namespace, actor_name = f"demo-{run_id}", f"dso-demo-{run_id}", f"dso-trinity-demo-{run_id}"
 
     # ---- task, warm-started policy (make demo's), taskset file
-    base = DapoTrainConfig(seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size)
-    train, held = addition_tasks(digits=base.digits, seed=cfg.seed, train_size=cfg.train_size,
-                                 heldout_size=cfg.heldout_size, op=base.task)
-    say(f"warm start ({base.warm_steps} supervised steps, cached in {_policy_dir(base)})")
-    model_dir = ensure_policy(_policy_dir(base), train, seed=cfg.seed, warm_steps=base.warm_steps, hidden=base.hidden,
-                              layers=base.layers)
+    if tasks is not None:
+        train, held, model_dir = tasks
+    else:
+        base = DapoTrainConfig(seed=cfg.seed, train_size=cfg.train_size, heldout_size=cfg.heldout_size)
+        train, held = addition_tasks(digits=base.digits, seed=cfg.seed, train_size=cfg.train_size,
+                                     heldout_size=cfg.heldout_size, op=base.task)
+        say(f"warm start ({base.warm_steps} supervised steps, cached in {_policy_dir(base)})")
+        model_dir = ensure_policy(_policy_dir(base), train, seed=cfg.seed, warm_steps=base.warm_steps, hidden=base.hidden,
+                                  layers=base.layers)
     data = out / "tasks"
     data.mkdir(exist_ok=True)
     (data / "train.jsonl").write_text("".join(json.dumps({"prompt": t.prompt[0]["content"], "answer": t.answer}) + "\n"
@@ -212,9 +227,12 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
         advantage_fn_args=dict(config.algorithm.advantage_fn_args or {}),
         policy_loss_fn=config.algorithm.policy_loss_fn, policy_loss_fn_args=dict(config.algorithm.policy_loss_fn_args or {}),
         mini_batches=cfg.trainer.mini_batches, micro_batch_size=cfg.micro_batch_size))
-    first = _evaluate(held_source, list(held), cfg.eval_samples, 0, "eval0")
+    first = _evaluate(held_source, list(held), cfg.eval_samples, 0, "eval0", expected=cfg.eval_expected)
     probes = [g.rollouts[0] for g in first.pop("_groups")[:8]]
-    evals = [{"step": 0, "rollouts": 0, "model_version": 0, **first}]
+    evals = [{"step": 0, "rollouts": 0, "model_version": 0, "train_wall_seconds": 0.0, **first}]
+    grid = 0  # next index of cfg.eval_at_rollouts
+    eval_seconds = 0.0
+    explore_started = time.monotonic()
     say(f"held-out accuracy of the warm-started policy: {first['heldout_acc']:.3f}")
 
     # ---- REST and /metrics for the run's actor
@@ -280,13 +298,22 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
                    "groups": groups, "train_seconds": train_s, "wall_seconds": time.monotonic() - started,
                    "keep_rate": stats["groups_kept_classified"] / max(stats["groups_submitted"], 1),
                    "dropped": dict(stats["dropped_by_reason"]), **metrics, **sync_row}
-            if row["step"] % cfg.eval_every == 0:
-                ev = _evaluate(held_source, list(held), cfg.eval_samples, sync.version, f"eval{row['step']}")
+            due = cfg.eval_at_rollouts is None and row["step"] % cfg.eval_every == 0
+            while cfg.eval_at_rollouts is not None and grid < len(cfg.eval_at_rollouts) and row["rollouts"] >= cfg.eval_at_rollouts[grid]:
+                due, grid = True, grid + 1
+            if due:
+                t2 = time.monotonic()
+                k = cfg.eval_samples if cfg.eval_samples_between is None else cfg.eval_samples_between
+                ev = _evaluate(held_source, list(held), k, sync.version, f"eval{row['step']}", expected=cfg.eval_expected)
                 ev.pop("_groups")
-                evals.append({"step": row["step"], "rollouts": row["rollouts"], "model_version": sync.version, **ev})
-                row["heldout_acc"] = ev["heldout_acc"]
+                # the explorer's wall time without the evaluations (the explorer waits for the trainer meanwhile)
+                evals.append({"step": row["step"], "rollouts": row["rollouts"], "model_version": sync.version,
+                              "train_wall_seconds": time.monotonic() - explore_started - eval_seconds, **ev})
+                eval_seconds += time.monotonic() - t2
+                row.update({k: ev[k] for k in ("heldout_acc", "heldout_expected_acc") if k in ev})
+                acc = ev.get("heldout_expected_acc", ev.get("heldout_acc"))
                 say(f"batch {row['step']:3d} | rollouts {row['rollouts']:6d} | keep {row['keep_rate']:.2f} | "
-                    f"v{sync.version} | sync diff {row['max_abs_diff']:.1e} | held-out acc {ev['heldout_acc']:.3f}")
+                    f"v{sync.version} | sync diff {row['max_abs_diff']:.1e} | held-out acc {acc:.3f}")
             steps.append(row)
             actor.report_training.remote(row["step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
             if on_batch is not None:
@@ -301,10 +328,15 @@ def run_trinity_demo(cfg: TrinityDemoConfig, *, serve_url: str | None = None,
         raise RuntimeError(f"Trinity's explorer failed: {err}")
     if not steps:
         raise RuntimeError("the trainer read nothing from Trinity's buffer")
-    last = _evaluate(held_source, list(held), cfg.eval_samples, sync.version, "eval-end")
-    last.pop("_groups")
+    if evals[-1]["step"] == steps[-1]["step"] and "heldout_acc" not in evals[-1]:  # an expected-only one: again, with avg@k
+        train_wall = evals.pop()["train_wall_seconds"]
+    else:
+        train_wall = time.monotonic() - explore_started - eval_seconds
     if evals[-1]["step"] != steps[-1]["step"]:
-        evals.append({"step": steps[-1]["step"], "rollouts": steps[-1]["rollouts"], "model_version": sync.version, **last})
+        last = _evaluate(held_source, list(held), cfg.eval_samples, sync.version, "eval-end", expected=cfg.eval_expected)
+        last.pop("_groups")
+        evals.append({"step": steps[-1]["step"], "rollouts": steps[-1]["rollouts"], "model_version": sync.version,
+                      "train_wall_seconds": train_wall, **last})
     stats = ray.get(actor.get_stats.remote()).model_dump()
     (out / "metrics.prom").write_text(ray.get(actor.metrics_text.remote()))
     state = ray.get(actor.state_dict.remote())
@@ -338,7 +370,8 @@ def _groups_read(exps: list) -> list[dict]:
 
 def _summary(cfg: TrinityDemoConfig, config: Any, started: float, evals: list, steps: list, stats: dict, sync: Any,
              twice: int, train_batch_size: int, urls: dict, state: dict) -> dict:
-    start, end = evals[0]["heldout_acc"], evals[-1]["heldout_acc"]
+    sampled = [e for e in evals if "heldout_acc" in e]  # the first and the last at least (avg@k)
+    start, end = sampled[0]["heldout_acc"], sampled[-1]["heldout_acc"]
     sizes = [s["experiences"] for s in steps]
     diffs = [s["max_abs_diff"] for s in steps]
     groups = [g for s in steps for g in s["groups"]]
@@ -366,7 +399,8 @@ def _summary(cfg: TrinityDemoConfig, config: Any, started: float, evals: list, s
         "model_version_end": sync.version,
         "sync": {"count": len(sync.seconds), "mean_seconds": float(np.mean(sync.seconds)),
                  "max_seconds": float(np.max(sync.seconds))},
-        "actor_checkpoint": {"model_version": state.get("model_version"), "batch_id": state.get("batch_id")},
+        "actor_checkpoint": {"model_version": state.get("model_version"), "batch_id": state.get("batch_id"),
+                             "task_texts": len(state.get("task_texts") or [])},
         "evals": evals,
         "steps": steps,
     }
@@ -380,6 +414,7 @@ def plot_trinity_demo(summary: dict, out_dir: Path) -> list[Path]:
     steps = summary["steps"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     ev = summary["evals"]
+    ev = [e for e in ev if "heldout_acc" in e]
     axes[0].plot([e["rollouts"] for e in ev], [e["heldout_acc"] for e in ev], marker="o")
     axes[0].set(xlabel="rollouts generated", ylabel="held-out accuracy (avg@k)", title="held-out accuracy")
     x = [s["step"] for s in steps]

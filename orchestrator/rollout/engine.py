@@ -323,7 +323,8 @@ class VLLMRolloutSource:
 
     def answer_probability(self, tasks: list[Task]) -> np.ndarray:
         """(k,) float64 in [0, 1]: each task's chance that one response is exactly its reference
-        answer (``task.answer``) followed by EOS, under the engine's current weights (the
+        answer (``task.answer``; a task that reasons first, ``meta["reference_response"]``: one of
+        its many correct responses, so not its pass rate) followed by EOS, under the engine's current weights (the
         engine's ``answer_logprobs``: one forward pass per task, no rollout; vLLM's
         ``prompt_logprobs`` in :meth:`VLLMEngine.answer_logprobs`, a torch copy of the weights in
         :meth:`orchestrator.train.sync.TrainableEngine.answer_logprobs`). The
@@ -334,6 +335,7 @@ class VLLMRolloutSource:
         """
         if not tasks:
             return np.zeros(0, dtype=np.float64)
-        ref = self.engine.answer_logprobs.remote([t.prompt for t in tasks], [t.answer for t in tasks])
+        ref = self.engine.answer_logprobs.remote([t.prompt for t in tasks],
+                                                 [t.meta.get("reference_response", t.answer) for t in tasks])
         return np.exp(np.array(ray.get(ref, timeout=self.timeout_s), dtype=np.float64))
 

@@ -56,6 +56,7 @@ from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.stats import Stats, TaskStats
 from orchestrator.core.types import Batch, Experience, Group, GroupTable, TaskSetLike
 from orchestrator.rollout.source import RolloutSource
+from orchestrator.tasks.taskset import prompt_texts
 from orchestrator.service.anchor_watch import REDIS_WAIT_S, AnchorWatch
 from orchestrator.service.attachment import Attachment, check_source, policy_view
 from orchestrator.service.batches import BatchHandOut, ReadyBatches
@@ -136,7 +137,8 @@ class Orchestrator:
             raise ValueError(f"retry_window: must be an int of at least 1, got {retry_window!r}")
         policy = policy if isinstance(policy, ResamplingPolicy) else ResamplingPolicy.parse(policy)
         check_source(policy, rollout_source)
-        core = self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set))
+        core = self.core = OrchestratorCore(policy, task_set.task_ids, seed=seed, task_tags=task_tags(task_set),
+                                            task_texts=prompt_texts(task_set))
         self.metrics = metrics
         self.training: dict = {}  # the last report_training row
         self.errors = ErrorLog(metrics)
@@ -324,6 +326,18 @@ class Orchestrator:
             mine = self.commits.changed()
         await self.commits.durable(mine)
         return out
+
+    @ray.method(max_task_retries=RETRIES)
+    async def set_task_texts(self, texts: list[str]) -> int:
+        """Each task's prompt text, in task order (on the Trinity route the task selector reads them
+        from Trinity's taskset), for selections that learn from prompts (``pass_predictor``); kept
+        in the checkpoint. Idempotent. Returns the number of texts.
+
+        Raises:
+            ValueError: not one string per task.
+        """
+        await self._committed(lambda: self.core.set_task_texts(texts))
+        return len(texts)
 
     @ray.method(max_task_retries=RETRIES)
     def held_refs(self) -> list[str]:

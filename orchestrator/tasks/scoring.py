@@ -12,8 +12,12 @@ CORRECT_REWARD = 1.0
 WRONG_REWARD = -1.0
 """DAPO rule reward for any other answer, unparsable ones included (Eq. 7)."""
 
-ANSWER_FORMATS = ("yes_no", "number", "choice", "math")
+ANSWER_FORMATS = ("yes_no", "number", "choice", "math", "final_number")
 """Values of ``Task.meta["format"]``: how the answer is extracted and compared."""
+
+FINAL_MARK = "#"
+"""What separates a response's reasoning from its final answer in the ``final_number`` format
+(GSM8K's solutions end ``#### <answer>``; one ``#`` here, a character of the tiny vocabulary)."""
 
 
 # --------------------------------------------------------------------------- extraction
@@ -47,6 +51,22 @@ def extract_number(text: str) -> str | None:
         The number as written (without commas), or None when there is no digit.
     """
     m = _NUMBER.search(text)
+    return None if m is None else m.group(0).replace(",", "")
+
+
+def extract_final_number(text: str) -> str | None:
+    """The number right after the last :data:`FINAL_MARK` of ``text``: the final answer of a
+    response that reasons first (GSM8K's ``#### 42`` convention); what comes before the mark is
+    never read. ``"12,34#46"`` -> ``"46"``; ``"7,9#"`` -> None; ``"46"`` (no mark) -> None.
+
+    Returns:
+        The number as written (commas removed, as :func:`extract_number`), or None when there is no
+        mark or no number right after the last one.
+    """
+    head, mark, tail = text.rpartition(FINAL_MARK)
+    if not mark:
+        return None
+    m = _NUMBER.match(tail.strip())
     return None if m is None else m.group(0).replace(",", "")
 
 
@@ -102,7 +122,8 @@ def score_response(task: Task, response_text: str) -> tuple[float, dict[str, flo
     """DAPO rule reward of one response (arXiv 2503.14476, Sec. 2.4, Eq. 7).
 
     Extraction by ``task.meta["format"]``: ``yes_no`` (first word), ``number`` (first number,
-    compared as floats), ``choice`` (first letter A-D), ``math`` (math-verify of the whole
+    compared as floats), ``final_number`` (the number after the last ``#``, compared as floats;
+    the reasoning before it is not read), ``choice`` (first letter A-D), ``math`` (math-verify of the whole
     response against the reference; a Yes/No reference uses the first word). Tasks with
     ``meta["rg_dataset"]`` hand the extracted answer (``"Yes"``/``"No"`` capitalised) to
     reasoning-gym's own scorer for that dataset and count a score of 1.0 as correct.
@@ -128,8 +149,8 @@ def score_response(task: Task, response_text: str) -> tuple[float, dict[str, flo
         got = extract_yes_no(response_text)
         extracted = None if got is None else got.capitalize()
         same = lambda: got == reference.lower()
-    elif fmt == "number":
-        extracted = extract_number(response_text)
+    elif fmt in ("number", "final_number"):
+        extracted = (extract_number if fmt == "number" else extract_final_number)(response_text)
         same = lambda: extracted is not None and _numbers_equal(extracted, reference)
     elif fmt == "choice":
         extracted = extract_choice(response_text)

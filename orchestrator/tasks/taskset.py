@@ -98,3 +98,15 @@ class IndexTaskSet:
 
 def _index_ids(n: int) -> list[str]:
     return list(map(str, range(n)))
+
+
+def prompt_texts(task_set) -> list[str] | None:
+    """Each task's prompt text (its messages' contents joined by newlines), in task order, from a
+    task set that holds its tasks; None for one that does not (:class:`IndexTaskSet`) or whose
+    tasks have no message list."""
+    if not hasattr(task_set, "__iter__"):
+        return None
+    prompts = [getattr(t, "prompt", None) for t in task_set]
+    if not all(isinstance(p, list) for p in prompts):
+        return None
+    return ["\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in p) for p in prompts]

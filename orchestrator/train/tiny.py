@@ -30,6 +30,10 @@ from orchestrator.tasks.taskset import TaskSet
 
 CHARS = list("0123456789+=,")
 """The characters of the vocabulary (after the special tokens)."""
+REASONING_CHARS = [*CHARS, "#"]
+"""The vocabulary of the reasoning regime's policy: :data:`CHARS` and ``#``, the mark between the
+reasoning and the final answer (:data:`orchestrator.tasks.scoring.FINAL_MARK`). A separate list, so
+the exact-answer policy (and every result measured on it) keeps its vocabulary and its initial weights."""
 SPECIALS = ["<pad>", "<unk>", "</s>"]
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
@@ -121,13 +125,17 @@ def build_tiny_llama(out_dir: Path, *, seed: int = 0, hidden: int = 128, layers:
     return Path(out_dir)
 
 
-def encode(text: str) -> list[int]:
-    """Token ids of ``text`` (characters of :data:`CHARS` only)."""
+def encode(text: str, chars: list[str] = CHARS) -> list[int]:
+    """Token ids of ``text`` in the vocabulary of ``chars`` (default :data:`CHARS`).
+
+    Raises:
+        ValueError: a character outside ``chars``.
+    """
     offset = len(SPECIALS)
     try:
-        return [offset + CHARS.index(c) for c in text]
+        return [offset + chars.index(c) for c in text]
     except ValueError:
-        raise ValueError(f"text {text!r} has a character outside the vocabulary {''.join(CHARS)!r}") from None
+        raise ValueError(f"text {text!r} has a character outside the vocabulary {''.join(chars)!r}") from None
 
 
 # --------------------------------------------------------------------------- task
@@ -176,6 +184,36 @@ def addition_tasks(*, digits: int = 2, seed: int = 0, train_size: int = 2000, he
     return TaskSet(task(k) for k in picks[heldout_size:]), TaskSet(task(k) for k in picks[:heldout_size])
 
 
+def reasoning_facts(task: Task) -> list[str]:
+    """The intermediate results a reasoning response writes before its answer, in the reference
+    order: ``copy`` the digits of ``a`` (``"407"`` -> ``["4", "0", "7"]``), ``max`` and ``add`` the
+    two operands (``["a", "b"]``)."""
+    if task.kind == "copy":
+        return list(str(task.meta["a"]))
+    return [str(task.meta["a"]), str(task.meta["b"])]
+
+
+def reference_response(task: Task) -> str:
+    """The reference response of a reasoning task: its facts in the reference order, written
+    forwards, joined by ``,``, then ``#`` and the answer (``12+34`` -> ``"12,34#46"``; ``copy``
+    ``407`` -> ``"4,0,7#407"``). One of many correct responses (:func:`sample_reasoning`)."""
+    return ",".join(reasoning_facts(task)) + "#" + task.answer
+
+
+def sample_reasoning(task: Task, rng: random.Random) -> str:
+    """One correct reasoning response drawn at random, as the warm start teaches them: the facts
+    (:func:`reasoning_facts`) in a random order, each operand of ``max`` / ``add`` written forwards
+    or digit-reversed (units first, the order a column sum goes in) with chance 1/2, joined by
+    ``,``, then ``#`` and the answer. ``copy`` has up to 3! = 6 correct reasonings, ``max`` and
+    ``add`` up to 2 x 2 x 2 = 8 (fewer where digits repeat): no single response holds most of a
+    task's pass rate (measured: ``top_response_share`` of :func:`orchestrator.jobs.sampling_compare.measure_spread`)."""
+    facts = reasoning_facts(task)
+    if task.kind != "copy":
+        facts = [f[::-1] if rng.random() < 0.5 else f for f in facts]
+    rng.shuffle(facts)
+    return ",".join(facts) + "#" + task.answer
+
+
 FAMILIES = ("max1", "max2", "add1", "add2", "add3")
 """Default task families of :func:`mixed_tasks`: ``<op><digits>`` (op of :data:`OPS`, digits per operand).
 On the warm-started policy (``warm_steps=30``) they spread from nearly always solved (``max1``,
@@ -193,7 +231,7 @@ def _shares(total: int, weights: list[int]) -> list[int]:
 
 
 def mixed_tasks(*, families: tuple[str, ...] | list[str] | dict[str, int] = FAMILIES, seed: int = 0, train_size: int = 300,
-                heldout_size: int = 150, pool_size: int = 0) -> tuple[TaskSet, TaskSet, TaskSet]:
+                heldout_size: int = 150, pool_size: int = 0, reasoning: bool = False) -> tuple[TaskSet, TaskSet, TaskSet]:
     """Disjoint train, held-out and warm-start sets mixing task families, each family split as
     :func:`addition_tasks` does, so the held-out set has the training set's mix.
 
@@ -208,6 +246,11 @@ def mixed_tasks(*, families: tuple[str, ...] | list[str] | dict[str, int] = FAMI
 
     Every task carries ``meta["family"]`` (e.g. ``"add2"``): the difficulty tag the pass-rate
     prior is learned per (:class:`orchestrator.core.passrate.PassRateEstimate`).
+
+    With ``reasoning`` (the reasoning regime), the same problems (same ids, same splits) are
+    answered with reasoning first: answer format ``final_number`` (the scorer reads only the number
+    after the last ``#``, :func:`orchestrator.tasks.scoring.extract_final_number`),
+    ``meta["reasoning"] = True`` and ``meta["reference_response"]`` (:func:`reference_response`).
 
     Raises:
         ValueError: an unknown family, a weight below 1, or a family with fewer problems than
@@ -231,6 +274,8 @@ def mixed_tasks(*, families: tuple[str, ...] | list[str] | dict[str, int] = FAMI
         tr, he = addition_tasks(digits=int(digits), seed=seed, train_size=k + w, heldout_size=h, op=op)
         for t in [*tr, *he]:
             t.meta["family"] = fam
+            if reasoning:
+                t.meta.update(format="final_number", reasoning=True, reference_response=reference_response(t))
         train_parts += list(tr)[:k]
         pool += list(tr)[k:]
         held_parts += list(he)
@@ -249,7 +294,9 @@ def warm_start(
     lr: float = 3e-3,
     seed: int = 0,
 ) -> list[float]:
-    """Supervised warm start on worked examples ``a+b=<sum></s>`` (loss on the response only).
+    """Supervised warm start on worked examples ``a+b=<sum></s>`` (loss on the response only); a
+    reasoning task (``meta["reasoning"]``) is worked as ``a+b=<reasoning>#<sum></s>``, its reasoning
+    drawn afresh each time (:func:`sample_reasoning`), in the vocabulary :data:`REASONING_CHARS`.
 
     Trains the model in ``model_dir`` in place (AdamW, constant ``lr``) and saves it back.
     Kept short on purpose: the policy must start with a mixed pass rate.
@@ -275,8 +322,10 @@ def warm_start(
     def batch() -> tuple[list[list[int]], list[int]]:
         seqs, starts = [], []
         for t in [draw() for _ in range(batch_size)]:
-            prompt = encode(t.prompt[0]["content"] + "=")
-            seqs.append(prompt + encode(t.answer) + [EOS_ID])
+            reasons = bool(t.meta.get("reasoning"))
+            chars = REASONING_CHARS if reasons else CHARS
+            prompt = encode(t.prompt[0]["content"] + "=", chars)
+            seqs.append(prompt + encode(sample_reasoning(t, gen) if reasons else t.answer, chars) + [EOS_ID])
             starts.append(len(prompt))
         return seqs, starts
 
@@ -314,15 +363,19 @@ def _fit(model_dir: Path, batch: Callable[[], tuple[list[list[int]], list[int]]]
 
 def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: int = 150, hidden: int = 128,
                   layers: int = 2) -> Path:
-    """Build the tiny Llama and warm-start it once (a marker file records the settings)."""
+    """Build the tiny Llama and warm-start it once (a marker file records the settings). Tasks
+    that reason (``meta["reasoning"]``, :func:`mixed_tasks`) get the vocabulary :data:`REASONING_CHARS`."""
     out = Path(out_dir)
     settings = {"seed": seed, "warm_steps": warm_steps, "hidden": hidden, "layers": layers, "tasks": train.task_ids[:3]}
     if len({str(t.meta.get("family", "")) for t in train}) > 1:
         settings["draw"] = "family-balanced"  # see warm_start
+    reasons = any(t.meta.get("reasoning") for t in train)
+    if reasons:
+        settings["regime"] = "reasoning"
     marker = out / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == settings:
         return out
-    build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers)
+    build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers, chars=REASONING_CHARS if reasons else CHARS)
     warm_start(out, train, steps=warm_steps, seed=seed)
     marker.write_text(json.dumps(settings))
     return out

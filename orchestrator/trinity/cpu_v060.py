@@ -146,6 +146,11 @@ class EngineModel:
         """The trainable engine's teacher-forced log-probs (the sync check)."""
         return self.engine.sequence_logprobs(sequences, prompt_lengths)
 
+    def answer_logprobs(self, prompts: list[list[dict[str, str]]], answers: list[str]) -> list[float]:
+        """The engine's log-probability of each exact answer (the held-out expected accuracy of
+        ``compare-sampling-trinity``; :meth:`orchestrator.rollout.engine.VLLMEngine.answer_logprobs`)."""
+        return self.engine.answer_logprobs(prompts, answers)
+
 
 EngineModelActor = ray.remote(num_cpus=0, runtime_env={"env_vars": ENGINE_ENV})(EngineModel)
 

@@ -45,8 +45,12 @@ class OrchestratorTaskSelector:
     failure is logged with the explore step and reported to the actor (``dso_errors_total
     {kind="selector"}``).
 
+    It also hands the actor each task's prompt text (:func:`prompt_column`), which selections that
+    learn from prompts read (``pass_predictor``): the orchestrator holds only row indices.
+
     Args:
-        data_source: Trinity's ``_HFBatchReader``; only ``dataset_size`` is read.
+        data_source: Trinity's ``_HFBatchReader``; ``dataset_size`` and, for the prompts, its
+            ``dataset`` columns are read (as Trinity's own ``difficulty_based`` selector reads them).
         config: Trinity's ``DataSelectorConfig``; ``config.seed`` seeds the task order (unless
             ``kwargs.seed`` is set) and ``config.kwargs`` is an :class:`AttachConfig`.
     Raises:
@@ -71,6 +75,9 @@ class OrchestratorTaskSelector:
             "attach_run", run, **attach_args(self.settings, "selector", self.session, self.dataset_size),
             wait_s=self.settings.actor_timeout_s,
         )
+        texts = prompt_column(data_source, config)
+        if texts is not None:  # for selections that learn from prompts (pass_predictor)
+            self.calls.call("set_task_texts", texts, wait_s=self.settings.actor_timeout_s)
         if self.attached["requeued"]:
             log.warning("run %s resumed: %d tasks handed out again", run, len(self.attached["requeued"]))
         self.current_index = 0
@@ -139,3 +146,26 @@ def _prepend(first: list[str], rest: Future) -> Future:
     out: Future = Future()
     rest.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(first + f.result()))
     return out
+
+
+def prompt_column(data_source: Any, config: Any) -> list[str] | None:
+    """Each row's prompt text from Trinity's taskset, or None when there is none to read.
+
+    Read as Trinity 0.6.0's own ``DifficultyBasedSelector`` reads its features: columns of
+    ``data_source.dataset`` (a ``datasets.Dataset``), named by the selector config's
+    ``feature_keys`` (several are joined with newlines); without ``feature_keys``, the column
+    ``prompt`` when the taskset has one (the default ``format.prompt_key``).
+
+    Raises:
+        ValueError: a ``feature_keys`` entry that is not a column of the taskset (named).
+    """
+    dataset = getattr(data_source, "dataset", None)
+    names = list(getattr(dataset, "column_names", None) or [])
+    given = list(getattr(config, "feature_keys", None) or [])
+    if missing := [k for k in given if k not in names]:
+        raise ValueError(f"data_selector.feature_keys: {missing} not among the taskset's columns {names}")
+    keys = given or (["prompt"] if "prompt" in names else [])
+    if not keys:
+        return None
+    columns = [list(dataset[k]) for k in keys]
+    return ["\n".join(str(c[i]) for c in columns) for i in range(len(columns[0]))]

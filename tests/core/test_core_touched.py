@@ -64,3 +64,24 @@ def test_a_restored_core_reports_any_row():
     core.load_state_dict(core.state_dict())
     assert core.touched_rows() is None
     assert core.touched_rows().tolist() == []
+
+
+def predictor_columns(core: OrchestratorCore) -> dict[str, np.ndarray]:
+    s = core.state()["selections"]["pass_predictor"]
+    return {k: s[k].view(f"u{s[k].dtype.itemsize}").copy() for k in ("successes", "failures", "version", "last_drawn")}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(OPS, st.tuples(st.just("next_tasks"), st.integers(1, 4))), max_size=20))
+def test_every_row_the_pass_predictor_writes_is_reported(ops):
+    core = OrchestratorCore(ResamplingPolicy(target_groups=2, group_size=N, selection="pass_predictor"), TASKS)
+    core.touched_rows()
+    before = predictor_columns(core)
+    for op, arg in ops:
+        run_op(core, op, arg)
+        after = predictor_columns(core)
+        touched = set(core.touched_rows().tolist())
+        for name, col in after.items():
+            changed = set(np.flatnonzero(col != before[name]).tolist())
+            assert changed <= touched, (op, name, changed - touched)
+        before = after

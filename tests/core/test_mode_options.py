@@ -24,7 +24,7 @@ def misplaced(field: str, name: str) -> list[str]:
 
 def test_the_mode_fields_are_the_registries():
     assert set(MODE_FIELDS) == set(MODES) == {"selection", "screen", "group_validity", "stale_members", "replenish", "on_cap"}
-    assert len(EVERY_MODE) == 18
+    assert len(EVERY_MODE) == 19  # 6 selections (pass_predictor the newest), 3 screens, 2 + 2 + 3 + 3 others
 
 
 @pytest.mark.parametrize(("field", "name"), EVERY_MODE)
@@ -145,4 +145,4 @@ def test_the_json_schema_lists_every_registered_name():
     props = ResamplingPolicy.model_json_schema()["properties"]
     for field, reg in MODES.items():
         assert props[field]["enum"] == list(reg)
-    assert props["selection"]["enum"] == ["epoch", "informative", "greso", "predicted_skip", "greso_prior"]
+    assert props["selection"]["enum"] == ["epoch", "informative", "greso", "predicted_skip", "greso_prior", "pass_predictor"]

@@ -7,7 +7,7 @@ from orchestrator.core.machine import OrchestratorCore
 from orchestrator.core.passrate import keep_probability
 from orchestrator.core.policy import ResamplingPolicy
 from orchestrator.core.selection import SELECTIONS, SelectionContext
-from orchestrator.core.skip import PredictedSkipSelection
+from orchestrator.core.skip import PredictedSkipOptions, PredictedSkipSelection
 from orchestrator.core.types import Experience, ExperienceId, Group
 
 
@@ -59,3 +59,24 @@ def test_the_task_row_shows_the_keep_probability():
     sel = PredictedSkipSelection(3)
     ctx = SelectionContext(skip_until_epoch=np.zeros(3, dtype=np.int64), informative=np.array([0.1, 0.3, 0.9]))
     assert sel.task_row(1, ctx) == {"keep_probability": pytest.approx(0.6)}
+
+
+def test_a_task_passed_over_max_skip_epochs_turns_is_rolled_out_at_the_next():
+    from orchestrator.core.skip import overdue
+
+    # last drawn in epochs 0, 1, 2 and never; at epoch 3 with max_skip_epochs 1: 3 - 0 = 3 > 1 and
+    # 3 - 1 = 2 > 1 are due, 3 - 2 = 1 is not, never drawn (-1): 4 > 1 is due
+    assert overdue(3, np.array([0, 1, 2, -1]), 1.0).tolist() == [True, True, False, True]
+    sel = PredictedSkipSelection(4, seed=3)
+    sel.options = PredictedSkipOptions(keep_at=0.5, floor=0.0, max_skip_epochs=1)
+    ctx = SelectionContext(skip_until_epoch=np.zeros(4, dtype=np.int64), informative=np.zeros(4),
+                           last_drawn_epoch=np.array([0, 0, -1, -1]))
+    # predicted never informative, floor 0: only the overdue ones come out; epoch 0: tasks 0 and 1 (0 - 0 = 0) are
+    # not due, nor 2 and 3 (0 - (-1) = 1); epoch 1: 2 and 3 are due (2 > 1), 0 and 1 not (1)
+    picked = sel.select(2, ctx)
+    assert sorted(picked.tolist()) == [2, 3] and sel.picked_epochs.tolist() == [1, 1]
+
+
+def test_max_skip_epochs_below_zero_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"selection_options\.max_skip_epochs: Input should be greater than or equal to 0 \(got -1\)"):
+        OrchestratorCore(ResamplingPolicy(selection="predicted_skip", selection_options={"max_skip_epochs": -1}), ["a", "b"])

@@ -507,3 +507,15 @@ def test_a_key_accepted_again_after_it_was_forgotten_keeps_its_new_place_after_a
     run(o2.submit_groups([group("t3", WRONG)]))  # the window now: t0 (accepted the second time), t3
     run(o2.submit_groups([group("t0", WRONG)]))  # a retry: recognised
     assert o2.get_stats().groups_submitted == 5 and list(o2.ledger.seen) == [key("t0"), key("t3")]
+
+
+def test_the_pass_predictors_model_evidence_and_prompts_survive_a_restart(tmp_path):
+    o = orch(tmp_path)
+    run(o.set_task_texts([f"{i}+{i}" for i in range(len(TASKS))]))
+    run(o.set_policy({"selection": "pass_predictor"}))
+    run(o.submit_groups([group("t0"), group("t3", WRONG)]))
+    run(o.submit_groups([group("t5", tag="r1")]))
+    restored = orch(tmp_path)  # a new actor body on the same file: the store's columns and small state
+    assert restored.core.task_texts == [f"{i}+{i}" for i in range(len(TASKS))]
+    assert restored.core.state_dict()["selections"] == o.core.state_dict()["selections"]
+    assert restored.core.task_stats("t3").selection_row == o.core.task_stats("t3").selection_row

@@ -421,3 +421,19 @@ def test_invalid_selection_over_rest_is_422_naming_the_field(orch, http):
     r = http.patch("/v1/policy", json={"selection": "greedy"}, headers=AUTH)
     assert r.status_code == 422 and "selection" in r.text
     assert http.get("/v1/policy").json()["policy"]["selection"] == "epoch"
+
+
+def test_pass_predictor_over_rest_shows_its_prediction_per_task(svc, http):
+    tasks = [f"t{i}" for i in range(8)]
+    script = {t: [MIXED] if i % 2 else [WRONG] for i, t in enumerate(tasks)}
+    orch = svc.orchestrator({"target_groups": 2, "group_size": 2}, script, tasks=tasks)
+    r = http.patch("/v1/policy", json={"selection": "pass_predictor", "selection_options": {"floor": 0.2}}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["policy"]["selection_options"] == {"floor": 0.2}
+    ray.get(orch.next_batch.remote())
+    s = http.get("/v1/stats").json()
+    assert s["selection"] == "pass_predictor" and s["selection_metrics"]["predictions_scored"] > 0
+    seen = [t for t in tasks if http.get(f"/v1/tasks/{t}").json()["selection_row"]["own_evidence_rollouts"] > 0]
+    row = http.get(f"/v1/tasks/{seen[0]}").json()["selection_row"]
+    assert 0.0 < row["predicted_pass_rate"] < 1.0 and 0.2 <= row["keep_probability"] <= 1.0
+    bad = http.patch("/v1/policy", json={"selection_options": {"floor": 2.0}}, headers=AUTH)
+    assert bad.status_code == 422 and "selection_options.floor" in bad.text

@@ -186,3 +186,26 @@ def test_an_index_task_set_pickles_as_its_size():
 def test_an_index_task_set_of_other_ids_pickles_them():
     odd = IndexTaskSet(["0", "2", "1"])
     assert pickle.loads(pickle.dumps(odd)).task_ids == ["0", "2", "1"]
+
+
+# ----------------------------------------------------------------- final answer after reasoning
+
+
+def test_final_number_reads_only_after_the_last_mark():
+    from orchestrator.tasks.scoring import extract_final_number
+
+    assert extract_final_number("21,43#46") == "46"
+    assert extract_final_number("1#2#3") == "3"
+
+
+def test_final_number_is_none_without_a_mark_or_a_number_after_it():
+    from orchestrator.tasks.scoring import extract_final_number
+
+    assert extract_final_number("46") is None and extract_final_number("12,34#") is None
+
+
+def test_final_number_scores_the_answer_whatever_the_reasoning():
+    # the reasoning holds the right sum and a wrong one: only the number after '#' counts
+    assert score_response(_task("46", "final_number"), "46,99#46")[0] == 1.0
+    assert score_response(_task("46", "final_number"), "46,46#45")[0] == -1.0
+    assert score_response(_task("46", "final_number"), "46")[0] == -1.0  # no mark: no final answer
