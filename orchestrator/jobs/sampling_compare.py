@@ -388,22 +388,24 @@ def settled_crossing(evals: list[dict], key: str, target: float, window: int = 1
     return next((i for i in range(len(vals) - window + 1) if sum(vals[i:i + window]) / window >= target - 1e-9), None)
 
 
-def pass_end_evals(evals: list[dict], pass_rollouts: int) -> list[dict]:
-    """The evaluation that ends each pass: for k = 1 .. ceil(last evaluation's rollouts /
-    ``pass_rollouts``), the first evaluation at or past ``k x pass_rollouts`` rollouts (equal
-    rollouts for every arm, whatever its selection's own epochs), else the last one (a partial last
-    pass). A batch that spans a pass's end gives two passes the same evaluation. Each as
+def pass_end_evals(evals: list[dict], pass_rollouts: int, passes: int | None = None) -> list[dict]:
+    """The evaluation that ends each pass: for k = 1 .. ``passes`` (default: ceil(last evaluation's
+    rollouts / ``pass_rollouts``); a run's budget in passes, so the last batch's overshoot past the
+    budget adds none), the first evaluation at or past ``k x pass_rollouts`` rollouts (equal
+    rollouts for every arm, whatever its selection's own epochs), else the last one (the end of the
+    budget). A batch that spans a pass's end gives two passes the same evaluation. Each as
     ``{"pass": k, "rollouts", "evaluation": index}``."""
     if not evals or evals[-1]["rollouts"] <= 0:
         return []
     out = []
-    for k in range(1, -(-int(evals[-1]["rollouts"]) // pass_rollouts) + 1):
+    last = -(-int(evals[-1]["rollouts"]) // pass_rollouts)
+    for k in range(1, (last if passes is None else min(passes, last)) + 1):
         i = next((i for i, e in enumerate(evals) if e["rollouts"] >= k * pass_rollouts), len(evals) - 1)
         out.append({"pass": k, "rollouts": evals[i]["rollouts"], "evaluation": i})
     return out
 
 
-def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int) -> dict | None:
+def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int, passes: int | None = None) -> dict | None:
     """Which training tasks each pass-sized window of rollouts rolled out, per family (the family is
     the task id up to its first ``-``, e.g. ``max2``), from the orchestrator's group count per task
     at each pass's end (``evals[i]["task_groups"]``): ``rolled_share`` per window (the share of the
@@ -411,7 +413,7 @@ def task_returns(evals: list[dict], task_ids: list[str], pass_rollouts: int) -> 
     which a task was not rolled out), ``came_back`` (of those, the share rolled out in a later
     window), ``never_after_first`` (share of tasks not rolled out after the first window). None
     without the counts (a reference loop)."""
-    ends = pass_end_evals(evals, pass_rollouts)
+    ends = pass_end_evals(evals, pass_rollouts, passes)
     counts = [evals[e["evaluation"]].get("task_groups") for e in ends]
     if not counts or any(c is None for c in counts):
         return None
@@ -465,7 +467,8 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY, *, late_gain: fl
                for g in REPORT_GAINS for h in [crossing(g)]}
     late = crossing(late_gain) if late_gain is not None else None
     pass_rollouts = cfg["train_size"] * n if cfg.get("train_size") else None
-    ends = pass_end_evals(evals, pass_rollouts) if pass_rollouts else []
+    passes = -(-int(cfg["rollout_budget"]) // pass_rollouts) if pass_rollouts and cfg.get("rollout_budget") else None
+    ends = pass_end_evals(evals, pass_rollouts, passes) if pass_rollouts else []
     extra = {} if late_gain is None else {
         "late_gain": late_gain, "to_late_rollouts": late["rollouts"] if late else None,
         "to_late_seconds": float(sum(loop[: late["step"]])) if late else None,
@@ -478,7 +481,7 @@ def run_summary(s: dict, gain: float, accuracy: str = ACCURACY, *, late_gain: fl
             extra["heldout_by_family_at_pass_end"] = {f: [evals[e["evaluation"]][fam_key][f] for e in ends]
                                                      for f in evals[0][fam_key]}
         if s.get("task_ids"):
-            extra["task_returns"] = task_returns(evals, s["task_ids"], pass_rollouts)
+            extra["task_returns"] = task_returns(evals, s["task_ids"], pass_rollouts, passes)
     before = s.get("steps", [])[: hit["step"]] if hit else []
     informative = sum(x.get("groups_classified", 0) - sum(x.get("dropped", {}).values()) for x in before)
     return {

@@ -81,6 +81,8 @@ def test_pass_end_evals_take_the_first_evaluation_at_or_past_each_pass():
     # a batch spanning two passes' ends: both passes read the evaluation after it
     evals = [{"rollouts": r} for r in (0, 500, 1700)]
     assert [(e["pass"], e["evaluation"]) for e in pass_end_evals(evals, 768)] == [(1, 2), (2, 2), (3, 2)]
+    # a budget of 2 passes: the last batch's overshoot into a third adds no pass
+    assert [e["pass"] for e in pass_end_evals(evals, 768, passes=2)] == [1, 2]
 
 
 def test_task_returns_count_left_out_tasks_and_their_return():
