@@ -64,7 +64,7 @@ demo-trinity: $(STAMP)
 	$(VENV)/bin/trinity-dso trinity-demo
 
 # GPU route: does its pip resolution succeed, and how fast? A dry run in a fresh temporary venv (nothing
-# is installed, no GPU needed; needs PyPI). Not part of `make test`. See docs/trinity.md.
+# is installed, no GPU needed; needs PyPI). Not part of `make test`. See docs/guide/trinity-demo.md.
 check-gpu-install:
 	@v=$$(mktemp -d /tmp/dso-gpu-check.XXXXXX); trap 'rm -rf "$$v"' EXIT; \
 	$(PYTHON) -m venv "$$v" && "$$v/bin/pip" install -q --upgrade pip || exit 1; \
@@ -75,7 +75,7 @@ check-gpu-install:
 
 # Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
 # training, both regimes: the exact-answer one (every arm x 5 seeds, 10 arms, 18-39 minutes on 2 cores,
-# docs/sampling.md) and the reasoning one (reasoning before the answer, 12 passes, a late target; the arms
+# docs/results/sampling.md) and the reasoning one (reasoning before the answer, 12 passes, a late target; the arms
 # usable on the Trinity route, docs/sampling-reasoning.md); not part of `make test`.
 compare-sampling: compare-sampling-exact compare-sampling-reasoning
 

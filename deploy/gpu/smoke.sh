@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 
 # `pip install "trinity-rft[vllm]==0.6.0"` has no solution on Python 3.11 (requirements-gpu.txt says why):
-# the GPU route of docs/trinity.md, checked by `make check-gpu-install`.
+# the GPU route of docs/guide/trinity-demo.md, checked by `make check-gpu-install`.
 if ! $PY -c "import trinity, vllm, verl, orchestrator" 2>/dev/null; then
   $PY -m pip install -q -c constraints-gpu.txt -r requirements-gpu.txt -e ".[vllm,trinity]"
   $PY -m pip install -q --no-deps -c constraints-gpu.txt trinity-rft==0.6.0 verl==0.8.0

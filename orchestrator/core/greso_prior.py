@@ -1,7 +1,7 @@
 """``greso_prior``: GRESO's streak skip for the tasks rolled out before, a prior skip for the rest.
 
 The two skips save in different parts of a run (``compare-sampling``'s by-pass table,
-docs/sampling.md). GRESO (arXiv 2506.02177, Sec. 4; :mod:`orchestrator.core.greso`) skips a
+docs/reference/sampling.md). GRESO (arXiv 2506.02177, Sec. 4; :mod:`orchestrator.core.greso`) skips a
 prompt from its own zero-variance streak: nothing in the first pass, where no task has one, and
 most later, where its adaptive exploration probability falls towards ``p_min``.
 ``predicted_skip`` (:mod:`orchestrator.core.skip`) skips from the pass-rate posterior: in the

@@ -248,7 +248,7 @@ class ResamplingPolicy(BaseModel):
         "'greso' is the epoch order with GRESO's probabilistic skip of recently zero-variance tasks (arXiv "
         "2506.02177); 'predicted_skip' is the epoch order keeping each task with probability clip(I / keep_at, floor, "
         "1) of its predicted chance I of an informative group (own history and family prior); 'greso_prior' uses "
-        "GRESO's skip for tasks rolled out before and predicted_skip's for the others (docs/sampling.md).",
+        "GRESO's skip for tasks rolled out before and predicted_skip's for the others (docs/reference/sampling.md).",
     )
     selection_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -264,7 +264,7 @@ class ResamplingPolicy(BaseModel):
         "2506.09016): roll screen_options.rollouts of each task first and complete the group only when they are "
         "not all equal; 'answer': score each task's reference answer under the current policy (one forward pass, "
         "nothing sampled; a rollout source that can score, vLLM) and roll the task out with probability "
-        "clip((I / keep_at) ** keep_power, floor, 1). Standalone route only (docs/sampling.md).",
+        "clip((I / keep_at) ** keep_power, floor, 1). Standalone route only (docs/reference/sampling.md).",
     )
     screen_options: dict[str, Any] = Field(
         default_factory=dict,

@@ -398,7 +398,7 @@ class Rounds:
         :func:`orchestrator.core.passrate.keep_probability`). Power 1 is ``predicted_skip``'s keep rule;
         the default 4 is close to a threshold at ``keep_at``: with p exact, a roll's worth is
         its chance ``I`` of an informative group against the same n rollouts for every task, so
-        the cheapest rule rolls the tasks of highest ``I`` (docs/sampling.md, "Answer screen").
+        the cheapest rule rolls the tasks of highest ``I`` (docs/reference/sampling.md, "Answer screen").
         The draw is counter-based (``default_rng([seed, 5, crc32(round_tag)])``), so a replayed
         round skips the same tasks. A skipped task costs no rollout: its planned rollouts go back
         to the ``max_rollouts`` budget, its round counts it as not informative (the next rounds

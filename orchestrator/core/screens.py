@@ -81,7 +81,7 @@ class AnswerScreenOptions(ModeOptions):
         4.0, gt=0.0, le=16.0,
         description="How sharply the chance of a roll falls below keep_at; 1 = in proportion to I (predicted_skip's "
         "rule). 4 (a soft threshold: p = 0.95 of n = 8 is rolled with chance 0.21, p = 0.97 with 0.035) was chosen "
-        "on seeds 30-39 of the comparison, not on its evaluation seeds (docs/sampling.md).",
+        "on seeds 30-39 of the comparison, not on its evaluation seeds (docs/reference/sampling.md).",
     )
     reuse_versions: int = Field(
         8, ge=0,

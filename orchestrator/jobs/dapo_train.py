@@ -141,10 +141,10 @@ def _evaluate(source: Any, tasks: list, k: int, version: int, tag: str, expected
 
     avg@k is an estimate of the mean pass rate with a sampling error of its own (about one point
     at k = 4 on 300 tasks); p is each task's pass rate itself where the scorer accepts only the
-    exact answer (otherwise a lower bound: docs/sampling.md, "When p is the pass rate"), so
+    exact answer (otherwise a lower bound: docs/reference/sampling.md, "When p is the pass rate"), so
     ``heldout_expected_acc`` is the expectation of avg@k, without its sampling error. What an
     evaluation samples does not change the run's training (its requests are separate calls and
-    seeded apart; checked in docs/sampling.md, "Held-out accuracy, measured exactly"). ``k = 0``: the
+    seeded apart; checked in docs/results/sampling.md, "Held-out accuracy, measured exactly"). ``k = 0``: the
     expected accuracy alone (no ``heldout_acc``). ``expected`` needs a source whose engine scores
     answers (the training loop's vLLM engine actor; Trinity's engine in ``demo-trinity`` does not).
     """

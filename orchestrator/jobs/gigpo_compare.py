@@ -23,7 +23,7 @@ Two settings (:data:`SETTINGS`), each with its own budget and seeds:
     states recur (the player walks back and forth around the box) and the outcome hangs on a
     few pushes, some of them irreversible (a box against a wall cannot be pulled back). That is
     where step credit from anchor states has something to assign that the episode advantage
-    cannot (docs/gigpo.md gives the measurements behind the choice).
+    cannot (docs/guide/gigpo.md gives the measurements behind the choice).
 
 One Ray session and one vLLM engine serve every run of a comparison; each run loads its own
 starting weights into the engine and checks them on its first rollouts
@@ -64,7 +64,7 @@ per arm and seed, and the default number of seeds. ``frozenlake``: 40 steps of 6
 4 arms x 3 seeds (run time: bench/README.md, "Sizes and run times"). ``sokoban``:
 8 steps of 4 rooms x 8 runs (about 600 step samples each), lr 1e-3 (the FrozenLake run's 5e-4
 barely moves the policy in 8 updates; its collapse at 1e-3 came after 65), 4 arms x 5 seeds:
-what fits in the 30-minute CPU budget (docs/gigpo.md has the measured time)."""
+what fits in the 30-minute CPU budget (docs/guide/gigpo.md has the measured time)."""
 
 COMPARE_BUDGET = SETTINGS["frozenlake"]["budget"]
 """Trajectories per arm and seed of the FrozenLake comparison."""

@@ -22,7 +22,7 @@ registered selection and screen is one, at its defaults.
 
 ``informative_screen``, ``skip_screen`` and ``informative_grpo`` (screens and the unfiltered
 ``informative`` draws combined) were arms of the comparisons up to the eleventh session, the three
-slowest to the target of ours in both full runs (docs/sampling.md); they left the default set
+slowest to the target of ours in both full runs (docs/results/sampling.md); they left the default set
 to keep the comparison under an hour. Their settings are single policy fields, still valid.
 
 The task set (:func:`orchestrator.train.tiny.mixed_tasks`) mixes operations and operand sizes
@@ -71,7 +71,7 @@ first crossing, measured by :data:`ACCURACY`."""
 ACCURACY = "heldout_expected_acc"
 """Which held-out accuracy decides the crossings: the expected accuracy, the mean over held-out
 tasks of the chance p that one response is the exact answer (:func:`orchestrator.jobs.dapo_train._evaluate`;
-p is the pass rate on these tasks: docs/sampling.md). Earlier comparisons read the crossings
+p is the pass rate on these tasks: docs/results/sampling.md). Earlier comparisons read the crossings
 from avg@4 (:data:`SAMPLED`), whose sampling error (about one point on 300 tasks, against a
 5-point target) moved a crossing by hundreds to thousands of rollouts where the curve is flat. avg@4 is
 still measured at the first and the last evaluation (``sampled_start``, ``sampled_final``);
@@ -84,10 +84,10 @@ REPORT_GAINS = (0.03, 0.05, 0.07)
 ``epoch`` by seed): :data:`TARGET_GAIN`, one nearer the start and one nearer the end of
 ``epoch``'s learning (its final gain averages +7.7 points), which falls later in training, where
 tasks have histories a skip can use. Unlike :data:`TARGET_GAIN`, +3 and +7 were chosen after
-reading the runs of these seeds (docs/sampling.md): they describe, they do not test."""
+reading the runs of these seeds (docs/results/sampling.md): they describe, they do not test."""
 WARM_STEPS = 250
 """Supervised warm-start steps (family-balanced). Measured on seed 0 (``--spread``, 16 rollouts
-per task): see ``spread.json`` of a comparison and docs/sampling.md."""
+per task): see ``spread.json`` of a comparison and docs/results/sampling.md."""
 LR = 1.5e-4
 """Trainer learning rate of every arm (3e-4, the ``max`` demo's, made the arms that train most
 lose accuracy late in the budget)."""

@@ -328,7 +328,7 @@ class VLLMRolloutSource:
         engine's ``answer_logprobs``: one forward pass per task, no rollout; vLLM's
         ``prompt_logprobs`` in :meth:`VLLMEngine.answer_logprobs`, a torch copy of the weights in
         :meth:`orchestrator.train.sync.TrainableEngine.answer_logprobs`). The
-        orchestrator's answer screen reads it (``policy.screen: answer``, docs/sampling.md).
+        orchestrator's answer screen reads it (``policy.screen: answer``, docs/reference/sampling.md).
 
         Raises:
             ray.exceptions.GetTimeoutError: the engine took longer than ``timeout_s``.

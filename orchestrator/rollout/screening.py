@@ -12,7 +12,7 @@ that band's tightest form. Tasks whose predicted chance of an informative group 
 screen would rarely stop it). Emitted groups always have exactly ``n`` rollouts: the screen's
 ``k`` (runs ``0..k-1``) then ``n - k`` more (runs ``k..n-1``), all under the round's tag.
 
-**The bias it introduces** (stated in docs/sampling.md; measured in
+**The bias it introduces** (stated in docs/reference/sampling.md; measured in
 tests/rollout/test_screening.py). Let p be a task's pass rate and S the correct rollouts of
 its group. The filter keeps a group when ``0 < S < n``; a screen keeps it when ``0 < S_k < k``
 (``S_k``: correct among the first k), a stricter event:

@@ -5,7 +5,7 @@ Every call that may reach Redis (stats, drop, expiry, health) runs in a worker t
 executor of its own (:data:`REDIS_THREADS` threads), so a hung or dead Redis (socket timeouts,
 retries: seconds) never stalls pings, stats or submits. The health watch pings Redis every few
 seconds, reports outages, and on recovery checks the run's guard key, so that batches lost with
-Redis's data are forgotten and refused, never served (docs/durability-faults.md).
+Redis's data are forgotten and refused, never served (docs/guide/durability.md).
 """
 
 from __future__ import annotations

@@ -134,11 +134,11 @@ class Attachment:
         if new.screen == "rollouts" and self.rollout_source is None:  # an attached explorer rolls whole groups
             raise InvalidPolicyError("screen: 'rollouts' needs the orchestrator's own rollout source; "
                                      "an attached explorer (Trinity) rolls all repeat_times at once, so a screen cannot stop a "
-                                     "group (docs/sampling.md); the policy is unchanged")
+                                     "group (docs/reference/sampling.md); the policy is unchanged")
         if new.screen == "answer" and self.rollout_source is None:
             raise InvalidPolicyError("screen: 'answer' needs the orchestrator's own rollout source (it scores answers "
                                      "before rolling them out); an attached explorer (Trinity) rolls the tasks it is handed "
-                                     "(docs/sampling.md); the policy is unchanged")
+                                     "(docs/reference/sampling.md); the policy is unchanged")
         pinned = self.info.get("pinned") or {}
         broken = [f"{k}: pinned to {v} by run {self.info.get('run')!r}, got {getattr(new, k)}"
                   for k, v in pinned.items() if getattr(new, k) != v]

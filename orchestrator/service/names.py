@@ -13,7 +13,7 @@ RETRIES = 3
 """Ray's retries (``max_task_retries``) of a read when the actor died under it. Calls that change
 state are never retried by Ray (a refusal while the actor restarts spends a retry, and Ray would
 re-send a call without its caller knowing): callers re-send them with the same ``call_id``
-through :class:`orchestrator.service.calls.ActorCalls` (see docs/durability-faults.md)."""
+through :class:`orchestrator.service.calls.ActorCalls` (see docs/guide/durability.md)."""
 
 RETRY_WINDOW = 1_000_000
 """Group keys remembered to recognise a re-submitted group (the default ``retry_window``; its

@@ -218,7 +218,7 @@ FAMILIES = ("max1", "max2", "add1", "add2", "add3")
 """Default task families of :func:`mixed_tasks`: ``<op><digits>`` (op of :data:`OPS`, digits per operand).
 On the warm-started policy (``warm_steps=30``) they spread from nearly always solved (``max1``,
 ``add1``) through mixed (``max2``) to nearly never solved (``add2``, ``add3``); the measured spread
-is in docs/sampling.md (``trinity-dso compare-sampling --spread``)."""
+is in docs/results/sampling.md (``trinity-dso compare-sampling --spread``)."""
 
 
 def _shares(total: int, weights: list[int]) -> list[int]:

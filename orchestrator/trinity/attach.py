@@ -77,7 +77,7 @@ class AttachConfig(BaseModel):
     restart_deadline_s: float = Field(
         DEADLINE_S, gt=0, allow_inf_nan=False,
         description="How long the operator and selector keep re-sending a call (same call id) while the actor "
-        "is dead or restarting, in seconds; then the call fails and the explorer stops (docs/durability-faults.md).",
+        "is dead or restarting, in seconds; then the call fails and the explorer stops (docs/guide/durability.md).",
     )
 
     @classmethod

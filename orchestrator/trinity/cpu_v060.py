@@ -1,7 +1,7 @@
 """Trinity-RFT 0.6.0 on a CPU machine: what its own launcher needs that it does not provide.
 
 Everything here exists because of one Trinity version on CPU; none of it patches Trinity.
-A GPU cluster needs none of it (Trinity's own vLLM engines and verl trainer; see docs/trinity.md).
+A GPU cluster needs none of it (Trinity's own vLLM engines and verl trainer; see docs/guide/trinity-demo.md).
 
 What blocks a plain ``trinity run`` of 0.6.0 on CPU, measured (``mode: explore``):
 

@@ -13,7 +13,7 @@ submitted it. :class:`HeldPayloads` keeps them by ``ref``:
   ``Experience.serialize_many``; see bench/README.md, "Held payloads"), in a worker thread off the
   step's critical path. A file is deleted once none of its groups is held.
 
-Crash consistency (see ``docs/held-payloads.md``): the actor commits a submit (SQLite) before
+Crash consistency (see ``docs/guide/held-payloads.md``): the actor commits a submit (SQLite) before
 the payloads of the groups it holds are on disk. A kill of the explorer in between leaves the
 actor holding groups without a payload; the next operator finds them at its attach
 (:meth:`HeldPayloads.recover`, before it submits anything) and has the actor drop them as

@@ -143,7 +143,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
     the open batch (``close_batch``: pad, partial or raise per ``policy.on_cap``).
 
     Held groups survive an explorer restart (:class:`~orchestrator.trinity.held.HeldPayloads`,
-    ``docs/held-payloads.md``): the ``submit_and_pop`` reply names the groups the actor holds,
+    ``docs/guide/held-payloads.md``): the ``submit_and_pop`` reply names the groups the actor holds,
     and the step's newly held ones (never the dropped or released ones) are written to
     ``held_dir`` as one file per step, in a worker thread, after the reply; files are deleted
     once none of their groups is held. A group carried over by the actor is then released by the
@@ -197,7 +197,7 @@ class OrchestratorOperator(ExperienceOperatorV1):
         """At attach, before this process submits: index ``held_dir`` by the groups the actor
         holds, delete the files of groups it no longer holds, and have it drop, as ``lost``, the
         held groups whose payload is nowhere (an explorer killed between the actor's commit of a
-        step and the write of that step's held groups: see ``docs/held-payloads.md``)."""
+        step and the write of that step's held groups: see ``docs/guide/held-payloads.md``)."""
         lost = self.held.recover(await calls.acall("held_refs"))
         if lost:
             log.warning("held_dir %s: no payload for %d held groups (the previous explorer died before writing "

@@ -128,7 +128,7 @@ def test_kept_groups_have_the_filters_mean_the_screen_reads_no_rollout():
     # pass rate 0.8, n = 8: the filter keeps a group with chance 1 - 0.8**8 - 0.2**8 = 0.8322 and its
     # kept groups' mean is (0.8 - 0.8**8) / 0.8322 = 0.7597 (DAPO Eq. 11's event); the answer screen
     # decides from p alone, before the group, so its kept groups have the same mean (a screen of 2
-    # rollouts gives 0.725 here: docs/sampling.md)
+    # rollouts gives 0.725 here: docs/results/sampling.md)
     from orchestrator.service.actor import Orchestrator
 
     rates = {f"t{i}": 0.8 for i in range(50)}
