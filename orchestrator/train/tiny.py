@@ -18,6 +18,7 @@ a seeded shuffle.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import random
 from collections.abc import Callable
@@ -363,8 +364,8 @@ def _fit(model_dir: Path, batch: Callable[[], tuple[list[list[int]], list[int]]]
 
 def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: int = 150, hidden: int = 128,
                   layers: int = 2) -> Path:
-    """Build the tiny Llama and warm-start it once (a marker file records the settings). Tasks
-    that reason (``meta["reasoning"]``, :func:`mixed_tasks`) get the vocabulary :data:`REASONING_CHARS`."""
+    """Build the tiny Llama and warm-start it once (a marker file records the settings; a lock file
+    beside the folder lets one process build it while others wait). Tasks that reason (``meta["reasoning"]``, :func:`mixed_tasks`) get the vocabulary :data:`REASONING_CHARS`."""
     out = Path(out_dir)
     settings = {"seed": seed, "warm_steps": warm_steps, "hidden": hidden, "layers": layers, "tasks": train.task_ids[:3]}
     if len({str(t.meta.get("family", "")) for t in train}) > 1:
@@ -375,9 +376,17 @@ def ensure_policy(out_dir: Path, train: TaskSet, *, seed: int = 0, warm_steps: i
     marker = out / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == settings:
         return out
-    build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers, chars=REASONING_CHARS if reasons else CHARS)
-    warm_start(out, train, steps=warm_steps, seed=seed)
-    marker.write_text(json.dumps(settings))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one builder at a time per folder (two comparisons sharing the cache): without the lock a second
+    # build could overwrite the first's warm-started weights with fresh ones after its marker was written
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and json.loads(marker.read_text()) == settings:  # built while we waited
+            return out
+        marker.unlink(missing_ok=True)  # a build that dies half-way leaves no valid marker
+        build_tiny_llama(out, seed=seed, hidden=hidden, layers=layers, chars=REASONING_CHARS if reasons else CHARS)
+        warm_start(out, train, steps=warm_steps, seed=seed)
+        marker.write_text(json.dumps(settings))
     return out
 
 
