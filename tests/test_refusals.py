@@ -151,6 +151,11 @@ FUNCTIONS = {  # name: (call with the given settings on valid data, {setting: bo
                                          "seq-mean-token-sum-norm", **{"norm_length": 4, **kw}),
         {"global_tokens": {"gt": 0}, "global_seqs": {"gt": 0}, "norm_length": {"gt": 0}},
     ),
+    "algos.dapo.batch_share_loss": (
+        lambda **kw: dapo.batch_share_loss(torch.ones(2, 3), torch.tensor([[1, 1, 0], [1, 0, 0]]),
+                                           "seq-mean-token-sum-norm", torch.tensor([[2.0, 2.0, 3.0]] * 2), **kw),
+        {"norm_length": {"gt": 0}},
+    ),
     "algos.dapo.clip_higher_policy_loss": (
         lambda **kw: dapo.clip_higher_policy_loss(**_loss_inputs(**kw)),
         {"eps_low": {"ge": 0, "lt": 1}, "eps_high": {"ge": 0}, "dual_clip": {"gt": 1}, "global_tokens": {"gt": 0},
@@ -200,6 +205,7 @@ FUNCTIONS = {  # name: (call with the given settings on valid data, {setting: bo
 NO_SETTINGS = {
     "algos.checks.check_number": "the shared check itself",
     "algos.dapo.LossAggMode": "a type",
+    "algos.dapo.batch_loss_counts": "a mask only",
     "algos.groups.dense_ids": "keys only",
     "algos.groups.first_rows": "codes and their count, derived by the caller",
     "algos.groups.group_value_order": "a permutation of data",

@@ -86,7 +86,7 @@ def test_the_arms_are_every_registered_selection_and_screen_and_the_reference_lo
     screens = {a: c["policy"]["screen"] for a, c in ARMS.items() if "screen" in c.get("policy", {})}
     assert sorted(selections.values()) == sorted(set(MODES["selection"]) - {"epoch"}) and ARMS["epoch"] == {}
     assert sorted(screens.values()) == sorted(set(MODES["screen"]) - {"none"})
-    assert list(ARMS) == ["epoch", "informative", "predicted_skip", "greso_prior", "screening", "answer_screen", "greso",
+    assert list(ARMS) == ["epoch", "informative", "predicted_skip", "greso_prior", "pass_predictor", "screening", "answer_screen", "greso",
                           "trinity_difficulty", "dapo_recipe", "grpo"]
 
 
