@@ -248,6 +248,17 @@ def group_advantages(
     return torch.from_numpy(normalise_in_groups(r.numpy(), g.numpy(), norm=norm, eps=eps, std=std))
 
 
+def _check_agg_args(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, empty_seqs: str) -> None:
+    """Raise ``ValueError`` naming the argument for an unknown mode or ``empty_seqs``, or for
+    ``loss_mat`` and ``mask`` not of one (B, T) shape."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
+    if empty_seqs not in EMPTY_SEQS:
+        raise ValueError(f"empty_seqs: must be one of {list(EMPTY_SEQS)}, got {empty_seqs!r}")
+    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
+
+
 def aggregate_loss(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
@@ -305,12 +316,7 @@ def aggregate_loss(
             would weigh more than the whole batch), or ``seq-mean-token-sum-norm`` without
             ``norm_length`` (names the parameter and value).
     """
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
-    if empty_seqs not in EMPTY_SEQS:
-        raise ValueError(f"empty_seqs: must be one of {list(EMPTY_SEQS)}, got {empty_seqs!r}")
-    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
-        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
+    _check_agg_args(loss_mat, mask, mode, empty_seqs)
     for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs), ("norm_length", norm_length)):
         if value is not None:
             check_number(name, value, gt=0.0)
@@ -411,12 +417,7 @@ def batch_share_loss(
             itself holds (a non-empty row of a batch of 0 tokens), or no ``norm_length`` for
             ``seq-mean-token-sum-norm``.
     """
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode: must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
-    if empty_seqs not in EMPTY_SEQS:
-        raise ValueError(f"empty_seqs: must be one of {list(EMPTY_SEQS)}, got {empty_seqs!r}")
-    if loss_mat.shape != mask.shape or loss_mat.ndim != 2:
-        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)}: expected equal (B, T) shapes")
+    _check_agg_args(loss_mat, mask, mode, empty_seqs)
     c = torch.as_tensor(counts, dtype=torch.float64)
     if c.shape != (loss_mat.shape[0], 3):
         raise ValueError(f"counts: expected shape {(loss_mat.shape[0], 3)} (rows, seqs, tokens per row), got {tuple(c.shape)}")
