@@ -82,16 +82,14 @@ compare-sampling: compare-sampling-exact compare-sampling-reasoning
 compare-sampling-exact: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling
 
-<<<<<<< HEAD
 compare-sampling-reasoning: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling --regime reasoning
-=======
+
 # epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), reasoning regime,
 # 3 seeds: 19 minutes measured on a loaded 2-core machine with the warm starts already built (each
 # warm start takes minutes more) (docs/sampling-predictor.md); not part of `make test` (a smoke is).
 compare-sampling-trinity: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling-trinity
->>>>>>> i58pred
 
 # The same four arms on 6x6 Sokoban rooms with a 20-turn budget, 5 seeds (long trajectories,
 # recurring states); not part of `make test`.
