@@ -231,26 +231,33 @@ def register(app: typer.Typer) -> None:
         first_seed: int = typer.Option(0, min=0, help="The first seed (seeds first-seed .. first-seed + seeds - 1): "
                                        "another range checks a finding on seeds it was not read from."),
         budget: int | None = typer.Option(None, min=1, help="Rollouts per arm and seed (default: the comparison's)."),
-        out: Path = typer.Option(Path("runs/sampling-compare"), help="Output directory (comparison.md, comparison.json, comparison.png, runs)."),
-        arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all)."),
+        out: Path | None = typer.Option(None, help="Output directory (comparison.md, comparison.json, comparison.png, runs; "
+                                        "default runs/sampling-compare, with --regime reasoning runs/sampling-compare-reasoning)."),
+        arms: str | None = typer.Option(None, help=f"Comma-separated arms among {SAMPLING_ARMS} (default: all; "
+                                        "with --regime reasoning, epoch and the arms that run on the Trinity route)."),
         spread: bool = typer.Option(False, help="Only measure the task set's difficulty spread on the warm-started policy (seed 0)."),
         rebuild: bool = typer.Option(False, help="Only rewrite the comparison files of --out from its runs' train.json (no training)."),
+        regime: str = typer.Option("exact", help="Task regime: 'exact' (the response is the answer alone) or 'reasoning' "
+                                   "(reasoning before the answer, the scorer reads the final number; docs/sampling-reasoning.md)."),
     ) -> None:
         """Which tasks to roll out, in real training: our selections and screening vs GRESO, Trinity's
         difficulty_based selector, the DAPO recipe's loop and GRPO, same seeds and rollout budget."""
         from orchestrator.jobs import sampling_compare
-        from orchestrator.jobs.sampling_compare import ARMS, base_config, measure_spread, run_comparison
+        from orchestrator.jobs.sampling_compare import ARMS, REGIMES, base_config, measure_spread, run_comparison
 
+        if regime not in REGIMES:
+            raise typer.BadParameter(f"regime must be one of {list(REGIMES)}, got {regime!r}", param_hint="--regime")
+        out = out or Path("runs/sampling-compare" + ("-reasoning" if regime == "reasoning" else ""))
         if rebuild:
             console.print(sampling_compare.rebuild(out))
             return
         if spread:
             import json
 
-            console.print(json.dumps(measure_spread(base_config(out / "spread")), indent=1))
+            console.print(json.dumps(measure_spread(base_config(out / "spread", regime=regime)), indent=1))
             return
-        chosen = _arms(arms, ARMS)
-        result = run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, arms=chosen,
+        chosen = _arms(arms, ARMS) if arms else None
+        result = run_comparison(out, seeds=seeds, first_seed=first_seed, budget=budget, arms=chosen, regime=regime,
                                 log=lambda m: console.print(escape(m), soft_wrap=True))
         console.print(result["markdown"])
         console.print(f"written: {out / 'comparison.md'}, {out / 'comparison.png'}")

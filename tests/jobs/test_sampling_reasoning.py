@@ -133,6 +133,15 @@ def test_reasoning_smoke_writes_the_comparison(tmp_path):
     assert "Late target" in out["markdown"]
 
 
+def test_cli_refuses_an_unknown_regime_naming_the_option():
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.app import app
+
+    res = CliRunner().invoke(app, ["compare-sampling", "--regime", "chain", "--seeds", "1"])
+    assert res.exit_code == 2 and "--regime" in res.output and "'chain'" in res.output
+
+
 def test_late_gain_is_a_share_of_the_mean_final_gain_over_three_evaluations():
     from orchestrator.jobs.sampling_compare import late_gain
 
