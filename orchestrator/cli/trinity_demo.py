@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
     def compare_sampling_trinity(
         seeds: int = typer.Option(3, min=1, help="Seeds per arm."),
         first_seed: int = typer.Option(0, min=0, help="The first seed."),
-        budget: int | None = typer.Option(None, min=64, help="Rollouts per arm and seed (default: ten passes)."),
+        budget: int | None = typer.Option(None, min=64, help="Rollouts per arm and seed (default: twelve passes)."),
         train_size: int | None = typer.Option(None, min=8, help="Training tasks (default: compare-sampling's)."),
         arms: str | None = typer.Option(None, help="Comma-separated arms (default: epoch,pass_predictor)."),
         regime: str = typer.Option("reasoning", help="Task regime: 'reasoning' (reasoning before the answer) or 'exact' (the response is the answer)."),

@@ -86,7 +86,8 @@ class PassPredictorOptions(ModeOptions):
 
     keep_at: float = Field(0.5, gt=0.0, le=1.0, description="Tasks predicted at least this informative are always rolled out.")
     floor: float = Field(0.05, ge=0.0, le=1.0, description="The least chance a task is rolled out at its turn (GRESO's p_min).")
-    power: float = Field(1.0, gt=0.0, description="How sharply the keep chance falls below keep_at (1: in proportion).")
+    power: float = Field(3.0, gt=0.0, description="How sharply the keep chance falls below keep_at (1: in proportion; 3, "
+                         "chosen on the reasoning regime's tuning seeds 100-101: docs/sampling-predictor.md).")
     max_skip_epochs: int = Field(3, ge=0, description="A task passed over at this many consecutive turns is rolled out at the next.")
     prior_strength: float = Field(4.0, gt=0.0, description="Rollouts the model's prediction counts for in a task's posterior.")
     half_life: float = Field(8.0, gt=0.0, description="Model versions after which a rollout's evidence counts half.")
