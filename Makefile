@@ -75,8 +75,9 @@ check-gpu-install:
 
 # Task selection and screening vs GRESO, Trinity's difficulty_based, the DAPO recipe and GRPO in real
 # training, both regimes: the exact-answer one (every arm x 5 seeds, 10 arms, 18-39 minutes on 2 cores,
-# docs/results/sampling.md) and the reasoning one (reasoning before the answer, 12 passes, a late target; the arms
-# usable on the Trinity route, docs/sampling-reasoning.md); not part of `make test`.
+# docs/results/sampling.md) and the reasoning one (reasoning before the answer, 192 tasks, 12 passes, a late target;
+# epoch, pass_predictor and GRESO x 5 seeds: 46 minutes of runs measured under load, plus warm starts;
+# docs/sampling-reasoning.md); not part of `make test`.
 compare-sampling: compare-sampling-exact compare-sampling-reasoning
 
 compare-sampling-exact: $(STAMP)
@@ -86,8 +87,8 @@ compare-sampling-reasoning: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling --regime reasoning
 
 # epoch vs pass_predictor inside Trinity-RFT 0.6.0's own explorer (CPU trainer), reasoning regime,
-# 3 seeds: 19 minutes measured on a loaded 2-core machine with the warm starts already built (each
-# warm start takes minutes more) (docs/sampling-predictor.md); not part of `make test` (a smoke is).
+# 3 seeds, 192 tasks: 78 minutes measured on a loaded 2-core machine (load average 8-11), warm starts
+# built (each takes minutes more) (docs/sampling-predictor.md); not part of `make test` (a smoke is).
 compare-sampling-trinity: $(STAMP)
 	$(VENV)/bin/trinity-dso compare-sampling-trinity
 
