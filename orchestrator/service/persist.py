@@ -74,11 +74,14 @@ class Ledger:
         while len(self.seen_order) > self.retry_window:
             self.seen.pop(self.seen_order.popleft(), None)
 
+    @staticmethod
+    def _replay(call: tuple[str, list] | None, call_id: str | None) -> list | None:
+        """What the committed ``call`` (call id, what it handed out) gave, when ``call_id`` retries it; else None."""
+        return list(call[1]) if call_id is not None and call is not None and call[0] == call_id else None
+
     def answered(self, call_id: str | None) -> list[Batch] | None:
         """The batches that the committed call ``call_id`` handed out (a retry), else None."""
-        if call_id is not None and self.last_call is not None and self.last_call[0] == call_id:
-            return list(self.last_call[1])
-        return None
+        return self._replay(self.last_call, call_id)
 
     def remember(self, call_id: str | None, batches: list[Batch]) -> None:
         """Record what call ``call_id`` hands out, written by the commit that covers the hand-out."""
@@ -87,9 +90,7 @@ class Ledger:
 
     def tasks_answered(self, call_id: str | None) -> list[str] | None:
         """The tasks that the committed ``next_tasks`` call ``call_id`` got (a retry), else None."""
-        if call_id is not None and self.tasks_call is not None and self.tasks_call[0] == call_id:
-            return list(self.tasks_call[1])
-        return None
+        return self._replay(self.tasks_call, call_id)
 
     def remember_tasks(self, call_id: str | None, tasks: list[str]) -> None:
         if call_id is not None:
